@@ -1,0 +1,1 @@
+"""The fleetpilot.dev API: pydantic models and the CRDs generated from them."""

@@ -1,0 +1,354 @@
+"""The fleetpilot.dev/v1alpha1 API: DynamoGraph (the user's object) and DynamoGraphComponent.
+
+These pydantic models are the one definition of the API. The CRDs in ``crds/`` are generated from
+them (``fleetpilot.api.crdgen``), so the rules the apiserver enforces (schema, defaults, CEL) and
+the rules the operator parses with are the same text. Python attribute names are snake_case; the
+wire names are the camelCase aliases Kubernetes users expect.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+GROUP = "fleetpilot.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+GRAPH_KIND = "DynamoGraph"
+GRAPH_PLURAL = "dynamographs"
+COMPONENT_KIND = "DynamoGraphComponent"
+COMPONENT_PLURAL = "dynamographcomponents"
+
+Framework = Literal["vllm", "sglang", "trtllm", "simulator"]
+ComponentName = Literal["frontend", "prefill", "decode", "aggregated"]
+WORKER_COMPONENTS: tuple[ComponentName, ...] = ("prefill", "decode", "aggregated")
+ALL_COMPONENTS: tuple[ComponentName, ...] = ("frontend", *WORKER_COMPONENTS)
+
+# Child objects are named "<graph>-<component>" and Services must be DNS-1035 labels (63 chars).
+MAX_GRAPH_NAME_LENGTH = 63 - len("-aggregated")
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _preserve_unknown(description: str) -> Any:
+    """A field holding an embedded Kubernetes structure we pass through without modelling it."""
+    return Field(
+        default=None,
+        description=description,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+def _cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """CEL rules (expression, message) for a model's ``x-kubernetes-validations``."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+def _defaulted(factory: type[BaseModel]) -> Any:
+    """A sub-object that is always present. The apiserver checks a default against the CEL rules
+    as written, before nested defaults apply, so the default spells out every defaulted field."""
+    written = factory().model_dump(by_alias=True, exclude_none=True)
+    default = {k: v for k, v in written.items() if v not in ({}, [])}
+    return Field(default_factory=factory, json_schema_extra={"default": default})
+
+
+# A Kubernetes resource quantity: "500m", "16Gi" or a bare integer.
+Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+
+
+class ApiModel(BaseModel):
+    """Base for every API struct: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class ModelSpec(ApiModel):
+    """The model the graph serves."""
+
+    name: str = Field(min_length=1, description="Model to load, e.g. meta-llama/Llama-3.1-8B-Instruct.")
+    served_name: str | None = Field(
+        default=None, min_length=1, description="Name clients use in the OpenAI API; defaults to name."
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the engine container (the core/v1 EnvVar shape)."""
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
+    value: str | None = None
+    value_from: dict[str, Any] | None = _preserve_unknown("A core/v1 EnvVarSource.")
+
+
+class EngineSpec(ApiModel):
+    """Which inference engine the workers run, and with what image and extra flags."""
+
+    framework: Framework = Field(description="vllm, sglang, trtllm, or simulator (no GPU needed).")
+    image: str | None = Field(
+        default=None, min_length=1, description="Engine image; the simulator defaults to fleetpilot's own."
+    )
+    args: list[str] = Field(default_factory=list, description="Extra engine flags for every worker.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment for every worker.")
+
+
+class Parallelism(ApiModel):
+    """How one replica's model is split across its GPUs."""
+
+    tensor: int = Field(default=1, ge=1, le=64, description="Tensor-parallel size.")
+    pipeline: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel size.")
+
+
+class ScalingBounds(ApiModel):
+    """The replica range the planner, an HPA or `kubectl scale` may choose from."""
+
+    model_config = ConfigDict(json_schema_extra=_cel(("self.min <= self.max", "scaling.min must not exceed scaling.max")))
+
+    min_replicas: int = Field(default=1, ge=0, le=1000, alias="min", description="Fewest replicas.")
+    max_replicas: int = Field(default=8, ge=1, le=1000, alias="max", description="Most replicas.")
+
+
+class ResourceRequirements(ApiModel):
+    """CPU and memory for a container; GPUs come from `gpus`."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class RouterSpec(ApiModel):
+    """How the frontend picks a worker for each request."""
+
+    policy: Literal["round-robin", "least-loaded", "prefix-aware"] = Field(
+        default="prefix-aware", description="round-robin, least-loaded, or prefix-aware (KV-block hashes)."
+    )
+
+
+class FrontendSpec(ApiModel):
+    """The OpenAI-compatible router in front of the workers."""
+
+    replicas: int = Field(default=1, ge=1, le=100, description="Initial frontend replicas.")
+    router: RouterSpec = _defaulted(RouterSpec)
+    resources: ResourceRequirements | None = None
+
+
+class WorkerSpec(ApiModel):
+    """A pool of engine workers: prefill, decode, or aggregated (both in one)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.replicas >= self.scaling.min && self.replicas <= self.scaling.max",
+                "replicas must lie within scaling.min and scaling.max",
+            ),
+            (
+                "self.parallelism.tensor * self.parallelism.pipeline == self.gpus",
+                "gpus must equal parallelism.tensor × parallelism.pipeline (the GPUs one replica's engine uses)",
+            ),
+        )
+    )
+
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Initial replicas only: afterwards the DynamoGraphComponent's spec.replicas is the truth.",
+    )
+    gpus: int = Field(default=1, ge=1, le=64, description="nvidia.com/gpu per replica.")
+    parallelism: Parallelism = _defaulted(Parallelism)
+    scaling: ScalingBounds = _defaulted(ScalingBounds)
+    args: list[str] = Field(default_factory=list, description="Extra engine flags for this component.")
+    resources: ResourceRequirements | None = None
+
+
+class ComponentsSpec(ApiModel):
+    """The graph's components: a frontend, and prefill + decode pools or one aggregated pool."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "(has(self.prefill) && has(self.decode) && !has(self.aggregated))"
+                " || (!has(self.prefill) && !has(self.decode) && has(self.aggregated))",
+                "set prefill and decode (disaggregated) or aggregated alone, not both and not neither",
+            )
+        )
+    )
+
+    frontend: FrontendSpec = _defaulted(FrontendSpec)
+    prefill: WorkerSpec | None = None
+    decode: WorkerSpec | None = None
+    aggregated: WorkerSpec | None = None
+
+    def workers(self) -> dict[ComponentName, WorkerSpec]:
+        """The worker pools present, in a stable order."""
+        pools = {"prefill": self.prefill, "decode": self.decode, "aggregated": self.aggregated}
+        return {name: spec for name, spec in pools.items() if spec is not None}  # type: ignore[misc]
+
+
+class PodTemplateOverrides(ApiModel):
+    """Pod-level settings merged into every pod the graph runs."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] | None = _preserve_unknown("core/v1 Tolerations.")
+    affinity: dict[str, Any] | None = _preserve_unknown("A core/v1 Affinity.")
+    priority_class_name: str | None = None
+    service_account_name: str | None = None
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secret names.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    volumes: list[dict[str, Any]] | None = _preserve_unknown("core/v1 Volumes added to every pod.")
+    volume_mounts: list[dict[str, Any]] | None = _preserve_unknown("core/v1 VolumeMounts for the engine.")
+
+
+class SlaTarget(ApiModel):
+    """Latency targets the planner keeps, at a percentile."""
+
+    ttft_ms: float = Field(gt=0, description="Time to first token target, milliseconds.")
+    itl_ms: float = Field(gt=0, description="Inter-token latency target, milliseconds.")
+    percentile: float = Field(default=90, ge=50, le=99.9, description="Percentile the targets apply to.")
+
+
+class ProfileRef(ApiModel):
+    """Where the capacity profile for this model/engine/GPU lives."""
+
+    config_map: str = Field(min_length=1)
+    key: str = Field(default="profile.json", min_length=1)
+
+
+class PlannerSpec(ApiModel):
+    """How the SLA planner treats this graph."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            ("self.mode == 'off' || has(self.sla)", "planner.sla is required when planner.mode is advisory or sla")
+        )
+    )
+
+    mode: Literal["off", "advisory", "sla"] = Field(
+        default="off", description="off, advisory (decide and report only), or sla (scale)."
+    )
+    sla: SlaTarget | None = None
+    predictor: Literal["constant", "arima", "prophet", "kalman"] = "arima"
+    interval_seconds: int = Field(default=60, ge=10, le=3600)
+    gpu_budget: int | None = Field(default=None, ge=1, description="Most GPUs the planner may use.")
+    profile_ref: ProfileRef | None = None
+
+
+class DynamoGraphSpec(ApiModel):
+    """What the user wants served, and how."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            ("self.engine.framework == 'simulator' || has(self.engine.image)", "engine.image is required unless engine.framework is simulator"),
+        )
+    )
+
+    model: ModelSpec
+    engine: EngineSpec
+    components: ComponentsSpec
+    pod_template: PodTemplateOverrides = _defaulted(PodTemplateOverrides)
+    planner: PlannerSpec = _defaulted(PlannerSpec)
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition (metav1.Condition)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class ComponentStatus(ApiModel):
+    """Replica counts for one component, as the workload reports them."""
+
+    desired: int = 0
+    ready: int = 0
+    updated: int = 0
+    summary: str = Field(default="0/0", description="ready/desired, for kubectl get.")
+    message: str | None = None
+
+
+class DynamoGraphStatus(ApiModel):
+    """What the operator (and planner) observed; never written by users."""
+
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    components: dict[str, ComponentStatus] = Field(default_factory=dict)
+    endpoint: str | None = None
+    planner: dict[str, Any] | None = _preserve_unknown("The planner's last decision and why.")
+
+
+class DynamoGraphComponentSpec(ApiModel):
+    """One scalable component of a graph; `spec.replicas` is the single source of truth for its size."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # Checked only when replicas change, so tightening the graph's bounds never makes
+                    # the object unwritable; the operator clamps what it runs instead.
+                    "rule": "(oldSelf.hasValue() && oldSelf.value().replicas == self.replicas)"
+                    " || ((!has(self.minReplicas) || self.replicas >= self.minReplicas)"
+                    " && (!has(self.maxReplicas) || self.replicas <= self.maxReplicas))",
+                    "message": "replicas must lie within minReplicas and maxReplicas"
+                    " (the graph's scaling.min/max); change the DynamoGraph's scaling to go beyond",
+                    "optionalOldSelf": True,
+                },
+                {"rule": "self.graph == oldSelf.graph", "message": "graph is immutable"},
+                {"rule": "self.component == oldSelf.component", "message": "component is immutable"},
+            ]
+        }
+    )
+
+    graph: str = Field(min_length=1, description="The owning DynamoGraph.")
+    component: ComponentName
+    replicas: int = Field(ge=0, le=1000, description="Desired replicas: written by planner, HPA or kubectl scale.")
+    min_replicas: int | None = Field(default=None, ge=0, description="From the graph's scaling.min.")
+    max_replicas: int | None = Field(default=None, ge=0, description="From the graph's scaling.max.")
+
+
+class DynamoGraphComponentStatus(ApiModel):
+    """Observed size of the component, for /scale and kubectl."""
+
+    replicas: int = 0
+    ready_replicas: int = 0
+    selector: str = Field(default="", description="Label selector of the component's pods (for /scale).")
+    observed_generation: int | None = None
+
+
+class ObjectMeta(ApiModel):
+    """The metadata fields the operator reads; everything else passes through untouched."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class DynamoGraph(ApiModel):
+    """A DynamoGraph as read from the API."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    metadata: ObjectMeta
+    spec: DynamoGraphSpec
+    status: DynamoGraphStatus = Field(default_factory=DynamoGraphStatus)
+
+
+class DynamoGraphComponent(ApiModel):
+    """A DynamoGraphComponent as read from the API."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    metadata: ObjectMeta
+    spec: DynamoGraphComponentSpec
+    status: DynamoGraphComponentStatus = Field(default_factory=DynamoGraphComponentStatus)

@@ -1,0 +1,1 @@
+"""Local development cluster: a real control plane on loopback with simulated GPU nodes."""

@@ -1,0 +1,416 @@
+"""A real Kubernetes control plane on loopback, with simulated GPU nodes, for demos and tests.
+
+etcd (Debian's etcd-server), kube-apiserver, kube-controller-manager and kube-scheduler (built by
+scripts/install-k8s.sh) and kwok (node heartbeats, pod status) run as local processes bound to
+127.0.0.1. Each process's PID is saved under the cluster's state folder, and `down` stops exactly
+those. Scheduling, GPU capacity, owner references and garbage collection are Kubernetes' own.
+
+Nothing here runs pods' containers: pods on the simulated nodes are marked Running with a
+loopback pod IP from the pod CIDR, which is all the operator's tests need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from fleetpilot.devcluster import pki as pki_mod
+
+K8S_VERSION = os.environ.get("FLEETPILOT_K8S_VERSION", "v1.30.14")
+KWOK_VERSION = os.environ.get("FLEETPILOT_KWOK_VERSION", "v0.8.0")
+CACHE = Path(os.environ.get("FLEETPILOT_CACHE", Path.home() / ".cache" / "fleetpilot"))
+SERVICE_CIDR = "127.96.0.0/16"  # inside loopback: a dialled ClusterIP never leaves the machine
+SERVICE_IP = "127.96.0.1"
+POD_CIDR = "127.1.0.0/16"
+SIMULATED_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be started; the message names the log to read."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where a named cluster lives and how it is laid out."""
+
+    name: str = "dev"
+    port_base: int = 26400
+    nodes: int = 4
+    gpus_per_node: int = 8
+    gpu_product: str = "NVIDIA-H200"
+    state_root: Path = field(default_factory=lambda: CACHE / "clusters")
+
+    @property
+    def folder(self) -> Path:
+        return self.state_root / self.name
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.folder / "admin.kubeconfig"
+
+    @property
+    def apiserver_port(self) -> int:
+        return self.port_base + 43
+
+    @property
+    def etcd_port(self) -> int:
+        return self.port_base + 79
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    def node_names(self) -> list[str]:
+        return [f"gpu-node-{i}" for i in range(self.nodes)]
+
+
+def k8s_bin(name: str) -> Path:
+    return CACHE / "k8s" / K8S_VERSION / "bin" / name
+
+
+def kwok_bin() -> Path:
+    return CACHE / "bin" / "kwok"
+
+
+def kwok_stages() -> list[Path]:
+    return sorted((CACHE / "kwok" / KWOK_VERSION / "stages").glob("*.yaml"))
+
+
+def etcd_bin() -> Path:
+    found = shutil.which("etcd") or "/usr/bin/etcd"
+    return Path(found)
+
+
+class Cluster:
+    """Start, inspect and stop one local control plane by its saved PIDs."""
+
+    PROCESSES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.folder = config.folder
+        self.pids = self.folder / "pids"
+        self.logs = self.folder / "logs"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def up(self, *, reuse: bool = True, log: Any = print) -> float:
+        """Start everything and wait until nodes are Ready; returns the seconds it took."""
+        started = time.monotonic()
+        if reuse and self.running() and self._healthy():
+            log(f"cluster {self.config.name}: already running at {self.config.server}")
+            return 0.0
+        self.down(quiet=True)
+        self._check_binaries()
+        for sub in (self.pids, self.logs):
+            sub.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.folder / "etcd", ignore_errors=True)
+        pki = pki_mod.ensure(self.folder / "pki", service_ip=SERVICE_IP)
+        kubeconfigs = {
+            stem: pki_mod.write_kubeconfig(
+                self.folder / f"{stem}.kubeconfig", pki=pki, stem=stem, server=self.config.server,
+                cluster_name=f"fleetpilot-{self.config.name}",
+            )
+            for stem in pki_mod.CLIENTS
+        }
+        try:
+            self._start_etcd()
+            self._start_apiserver(pki)
+            self._start_controller_manager(pki, kubeconfigs["controller-manager"])
+            self._start_scheduler(kubeconfigs["scheduler"])
+            self._start_kwok(kubeconfigs["kwok"])
+            self._create_nodes()
+            self._wait(self._nodes_ready, "simulated nodes to become Ready", "kwok", timeout=60)
+            self._wait(self._default_service_account, "the default ServiceAccount", "kube-controller-manager", timeout=60)
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        elapsed = time.monotonic() - started
+        log(f"cluster {self.config.name}: up in {elapsed:.1f}s at {self.config.server}; "
+            f"KUBECONFIG={self.config.kubeconfig}")
+        return elapsed
+
+    def down(self, *, quiet: bool = False) -> None:
+        """Stop the processes named by the saved PIDs, newest first."""
+        for name in reversed(self.PROCESSES):
+            pid = self._pid(name)
+            if pid is None:
+                continue
+            _terminate(pid, timeout=10)
+            (self.pids / f"{name}.pid").unlink(missing_ok=True)
+            if not quiet:
+                print(f"stopped {name} (pid {pid})")
+
+    def running(self) -> bool:
+        return all(self._pid(name) is not None for name in self.PROCESSES)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.config.name,
+            "server": self.config.server,
+            "kubeconfig": str(self.config.kubeconfig),
+            "processes": {name: self._pid(name) for name in self.PROCESSES},
+            "healthy": self.running() and self._healthy(),
+        }
+
+    def env(self) -> dict[str, str]:
+        return {"KUBECONFIG": str(self.config.kubeconfig)}
+
+    # -- processes -------------------------------------------------------------------------------
+
+    def _check_binaries(self) -> None:
+        needed = [k8s_bin(b) for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")]
+        needed += [kwok_bin(), etcd_bin()]
+        missing = [str(p) for p in needed if not os.access(p, os.X_OK)]
+        if not kwok_stages():
+            missing.append(str(CACHE / "kwok" / KWOK_VERSION / "stages"))
+        if missing:
+            raise ClusterError(
+                f"missing binaries: {', '.join(missing)}; run scripts/install.sh (or scripts/install-k8s.sh) first"
+            )
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log_path = self.logs / f"{name}.log"
+        with log_path.open("ab") as log_file:
+            process = subprocess.Popen(
+                argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        (self.pids / f"{name}.pid").write_text(f"{process.pid}\n{argv[0]}\n")
+
+    def _pid(self, name: str) -> int | None:
+        """The saved PID if that process is still the one we started (guards against PID reuse)."""
+        path = self.pids / f"{name}.pid"
+        if not path.is_file():
+            return None
+        lines = path.read_text().split()
+        pid, binary = int(lines[0]), lines[1] if len(lines) > 1 else ""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:
+            return None
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return None
+        return pid if cmdline == binary else None
+
+    def _start_etcd(self) -> None:
+        port = self.config.etcd_port
+        self._spawn("etcd", [
+            str(etcd_bin()), "--name", "fleetpilot", "--data-dir", str(self.folder / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{port}", "--advertise-client-urls", f"http://127.0.0.1:{port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{port + 1}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{port + 1}",
+            "--initial-cluster", f"fleetpilot=http://127.0.0.1:{port + 1}",
+            "--unsafe-no-fsync",  # a throw-away store: durability costs seconds per test run
+            "--quota-backend-bytes", str(2 * 1024**3),
+        ])
+        self._wait(lambda: _http_ok(f"http://127.0.0.1:{port}/health"), "etcd", "etcd", timeout=20)
+
+    def _start_apiserver(self, pki: pki_mod.Pki) -> None:
+        self._spawn("kube-apiserver", [
+            str(k8s_bin("kube-apiserver")),
+            f"--etcd-servers=http://127.0.0.1:{self.config.etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.config.apiserver_port}",
+            f"--tls-cert-file={pki.crt('apiserver')}", f"--tls-private-key-file={pki.key('apiserver')}",
+            f"--client-ca-file={pki.ca}",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            # Endpoints of the `kubernetes` Service would be 127.0.0.1, which the API itself rejects.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--event-ttl=30m",
+        ])
+        self._wait(self._healthy, "kube-apiserver /readyz", "kube-apiserver", timeout=60)
+
+    def _start_controller_manager(self, pki: pki_mod.Pki, kubeconfig: Path) -> None:
+        self._spawn("kube-controller-manager", [
+            str(k8s_bin("kube-controller-manager")),
+            f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.config.port_base + 57}",
+            f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca}",
+            f"--cluster-signing-cert-file={pki.ca}", f"--cluster-signing-key-file={pki.key('ca')}",
+            "--use-service-account-credentials=true",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--leader-elect=false",
+        ])
+
+    def _start_scheduler(self, kubeconfig: Path) -> None:
+        self._spawn("kube-scheduler", [
+            str(k8s_bin("kube-scheduler")),
+            f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.config.port_base + 59}",
+            "--leader-elect=false",
+        ])
+
+    def _start_kwok(self, kubeconfig: Path) -> None:
+        self._spawn("kwok", [
+            str(kwok_bin()),
+            f"--kubeconfig={kubeconfig}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={SIMULATED_NODE_ANNOTATION}=fake",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=127.0.0.1",
+            "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{self.config.port_base + 81}",
+            *(f"--config={stage}" for stage in kwok_stages()),
+        ])
+
+    # -- cluster objects ---------------------------------------------------------------------------
+
+    def _client(self) -> httpx.Client:
+        pki = pki_mod.Pki(self.folder / "pki")
+        tls = ssl.create_default_context(cafile=str(pki.ca))
+        tls.load_cert_chain(str(pki.crt("admin")), str(pki.key("admin")))
+        return httpx.Client(base_url=self.config.server, verify=tls, timeout=5.0)
+
+    def _healthy(self) -> bool:
+        try:
+            with self._client() as client:
+                return client.get("/readyz").status_code == 200
+        except (httpx.HTTPError, OSError):
+            return False
+
+    def node_manifest(self, name: str) -> dict[str, Any]:
+        gpus = str(self.config.gpus_per_node)
+        capacity = {"cpu": "64", "memory": "1Ti", "pods": "110", "ephemeral-storage": "1Ti", "nvidia.com/gpu": gpus}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {SIMULATED_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    "fleetpilot.dev/simulated-node": "true",
+                    "nvidia.com/gpu.product": self.config.gpu_product,
+                    "nvidia.com/gpu.count": gpus,
+                },
+            },
+            "spec": {},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }
+
+    def _create_nodes(self) -> None:
+        with self._client() as client:
+            for name in self.config.node_names():
+                response = client.post("/api/v1/nodes", json=self.node_manifest(name))
+                if response.status_code not in (201, 409):
+                    raise ClusterError(f"creating node {name}: {response.status_code} {response.text}")
+
+    def _nodes_ready(self) -> bool:
+        with self._client() as client:
+            nodes = client.get("/api/v1/nodes").json().get("items", [])
+        ready = [
+            n for n in nodes
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+            and not any(t["key"].startswith("node.kubernetes.io/") for t in n.get("spec", {}).get("taints", []))
+        ]
+        return len(ready) >= self.config.nodes
+
+    def _default_service_account(self) -> bool:
+        with self._client() as client:
+            return client.get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200
+
+    def _wait(self, check: Any, what: str, process: str, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if check():
+                    return
+            except (httpx.HTTPError, OSError, ValueError):
+                pass
+            if self._pid(process) is None:
+                break
+            time.sleep(0.2)
+        tail = _tail(self.logs / f"{process}.log")
+        raise ClusterError(f"timed out waiting for {what}; last lines of {self.logs / (process + '.log')}:\n{tail}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _terminate(pid: int, *, timeout: float) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after `timeout`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+            time.sleep(0.1)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# -- CLI ---------------------------------------------------------------------------------------------
+
+def config_from_env(name: str | None = None) -> ClusterConfig:
+    """The dev cluster by default; FLEETPILOT_CLUSTER / _PORT_BASE pick another (tests use `test`)."""
+    name = name or os.environ.get("FLEETPILOT_CLUSTER", "dev")
+    default_base = 26400 if name == "dev" else 27400
+    return ClusterConfig(name=name, port_base=int(os.environ.get("FLEETPILOT_CLUSTER_PORT_BASE", default_base)))
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser("cluster", help="the local control plane with simulated GPU nodes")
+    parser.add_argument("action", choices=["up", "down", "status", "env"])
+    parser.add_argument("--name", default=None, help="cluster name (default: dev, or $FLEETPILOT_CLUSTER)")
+    parser.add_argument("--fresh", action="store_true", help="restart even if it is running")
+    parser.set_defaults(func=cli)
+
+
+def cli(args: argparse.Namespace) -> int:
+    cluster = Cluster(config_from_env(args.name))
+    try:
+        if args.action == "up":
+            cluster.up(reuse=not args.fresh)
+        elif args.action == "down":
+            cluster.down()
+        elif args.action == "status":
+            print(yaml.safe_dump(cluster.status(), sort_keys=False), end="")
+            return 0 if cluster.status()["healthy"] else 1
+        else:
+            for key, value in cluster.env().items():
+                print(f"export {key}={value}")
+    except ClusterError as error:
+        print(f"fleetpilot cluster: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,207 @@
+"""A thin async Kubernetes REST adapter: get, list, create, server-side apply, delete, events.
+
+The reconciler's only door to the API. Credentials come from the `kubernetes` package's config
+loaders (kubeconfig or in-cluster, with token refresh); requests go through one pooled
+`httpx.AsyncClient`, so a reconcile never blocks the event loop or a thread.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import ssl
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+Manifest = dict[str, Any]
+FIELD_MANAGER = "fleetpilot-operator"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the REST API."""
+
+    api_version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        parts = [prefix]
+        if self.namespaced and namespace:
+            parts.append(f"namespaces/{namespace}")
+        parts.append(self.plural)
+        if name:
+            parts.append(name)
+        if subresource:
+            parts.append(subresource)
+        return "/".join(parts)
+
+
+KINDS: dict[str, Kind] = {
+    "DynamoGraph": Kind("fleetpilot.dev/v1alpha1", "dynamographs"),
+    "DynamoGraphComponent": Kind("fleetpilot.dev/v1alpha1", "dynamographcomponents"),
+    "Deployment": Kind("apps/v1", "deployments"),
+    "Service": Kind("v1", "services"),
+    "ServiceAccount": Kind("v1", "serviceaccounts"),
+    "ConfigMap": Kind("v1", "configmaps"),
+    "Pod": Kind("v1", "pods"),
+    "Event": Kind("v1", "events"),
+    "Node": Kind("v1", "nodes", namespaced=False),
+    "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
+    "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+}
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the apiserver, with its Status message."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def _load_configuration() -> k8s_client.Configuration:
+    configuration = k8s_client.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config(client_configuration=configuration)
+    return configuration
+
+
+class KubeApi:
+    """Async REST calls with the operator's identity and field manager."""
+
+    def __init__(self, configuration: k8s_client.Configuration | None = None, *, field_manager: str = FIELD_MANAGER):
+        self._configuration = configuration or _load_configuration()
+        self.field_manager = field_manager
+        verify: ssl.SSLContext | bool = False
+        if self._configuration.verify_ssl:
+            verify = ssl.create_default_context(cafile=self._configuration.ssl_ca_cert)
+            if self._configuration.cert_file:
+                verify.load_cert_chain(self._configuration.cert_file, self._configuration.key_file)
+        self._http = httpx.AsyncClient(
+            base_url=self._configuration.host,
+            verify=verify,
+            timeout=httpx.Timeout(30.0, connect=5.0),
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        # get_api_key_with_prefix runs the refresh hook, so rotated in-cluster tokens are picked up.
+        token = self._configuration.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    async def _request(
+        self, method: str, path: str, *, params: dict[str, str] | None = None, body: Any = None,
+        content_type: str | None = None,
+    ) -> Manifest:
+        content = json.dumps(body) if body is not None else None
+        response = await self._http.request(
+            method, path, params=params, content=content,
+            headers=self._headers(content_type or ("application/json" if body is not None else None)),
+        )
+        if response.status_code >= 400:
+            try:
+                status = response.json()
+                raise ApiError(response.status_code, status.get("message", response.text), status.get("reason", ""))
+            except ValueError:
+                raise ApiError(response.status_code, response.text) from None
+        return response.json() if response.content else {}
+
+    # -- verbs -----------------------------------------------------------------------------------------
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> Manifest:
+        return await self._request("GET", KINDS[kind].path(namespace, name))
+
+    async def list(
+        self, kind: str, namespace: str | None = None, *, labels: dict[str, str] | None = None,
+        field_selector: str | None = None,
+    ) -> list[Manifest]:
+        params: dict[str, str] = {}
+        if labels:
+            params["labelSelector"] = ",".join(f"{k}={v}" for k, v in labels.items())
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        items: list[Manifest] = (await self._request("GET", KINDS[kind].path(namespace), params=params))["items"]
+        return items
+
+    async def create(self, manifest: Manifest) -> Manifest:
+        kind = KINDS[manifest["kind"]]
+        namespace = manifest["metadata"].get("namespace")
+        return await self._request(
+            "POST", kind.path(namespace), params={"fieldManager": self.field_manager}, body=manifest
+        )
+
+    async def apply(self, manifest: Manifest, *, subresource: str | None = None) -> Manifest:
+        """Server-side apply as the operator's field manager; fields we stop sending are removed."""
+        kind = KINDS[manifest["kind"]]
+        meta = manifest["metadata"]
+        return await self._request(
+            "PATCH",
+            kind.path(meta.get("namespace"), meta["name"], subresource),
+            params={"fieldManager": self.field_manager, "force": "true"},
+            body=manifest,
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def delete(self, kind: str, namespace: str | None, name: str, *, uid: str | None = None) -> None:
+        """Delete in the background; with `uid`, only that very object (never a same-named newcomer)."""
+        body: Manifest = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self._request("DELETE", KINDS[kind].path(namespace, name), body=body)
+        except ApiError as error:
+            if not error.not_found:
+                raise
+
+    async def event(
+        self, regarding: Manifest, *, type_: str, reason: str, message: str, component: str = FIELD_MANAGER
+    ) -> None:
+        """Record a core/v1 Event about an object (what `kubectl describe` shows)."""
+        meta = regarding["metadata"]
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": regarding["apiVersion"], "kind": regarding["kind"], "name": meta["name"],
+                "namespace": meta["namespace"], "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self.create(event)
