@@ -133,12 +133,14 @@ class GraphReconciler:
                 await self.reconcile(*key)
                 self._failures.pop(key, None)
                 self.enqueue(*key, after=self.resync_seconds)
-            except Exception:  # a bad graph or a flaky API must never stop the operator
+            except Exception as error:  # a bad graph or a flaky API must never stop the operator
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
                 self.stats.errors += 1
                 delay = min(0.5 * 2 ** (failures - 1), self.max_backoff_seconds)
-                logger.exception("reconcile %s/%s failed (attempt %d); retrying in %.1fs", *key, failures, delay)
+                # The API saying no is routine (a namespace terminating, a webhook down): no traceback.
+                log = logger.warning if isinstance(error, kube_mod.ApiError) else logger.exception
+                log("reconcile %s/%s failed (attempt %d): %s; retrying in %.1fs", *key, failures, error, delay)
                 self.enqueue(*key, after=delay)
             finally:
                 self.stats.reconciles += 1
@@ -296,7 +298,7 @@ class GraphReconciler:
         new = {
             "replicas": int(observed.get("replicas", 0)),
             "readyReplicas": int(observed.get("readyReplicas", 0)),
-            "selector": ",".join(f"{k}={v}" for k, v in render.selector_labels(spec["graph"], spec["component"]).items()),
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(render.selector_labels(spec["graph"], spec["component"]).items())),
             "observedGeneration": dgc["metadata"].get("generation", 0),
         }
         if dgc.get("status") != new:

@@ -1,0 +1,166 @@
+"""Fixtures for tests against the real control plane.
+
+One control plane per test session (etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+and kwok's simulated GPU nodes, started by fleetpilot.devcluster and stopped by their saved PIDs),
+the generated CRDs applied to it, and the operator running as a separate process, exactly as a user
+would run it. Each test gets its own namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetpilot.devcluster import cluster as devcluster
+
+REPO = Path(__file__).resolve().parents[2]
+TOTAL_GPUS = 32  # 4 simulated nodes x 8
+
+
+def wait_for(check: Callable[[], Any], *, timeout: float = 60, interval: float = 0.25, what: str = "condition") -> Any:
+    """Poll until `check()` returns something truthy; fail with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (subprocess.CalledProcessError, KeyError, IndexError, TypeError) as error:
+            last = error
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+@dataclass
+class Kubectl:
+    """The kubectl built with the control plane, pointed at the test cluster."""
+
+    binary: Path
+    kubeconfig: Path
+
+    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.binary), *args], input=stdin, capture_output=True, text=True, check=check,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+        )
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+    def apply(self, manifest: dict[str, Any] | str, namespace: str | None = None) -> subprocess.CompletedProcess[str]:
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+        args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
+        return self.run(*args, stdin=text)
+
+    def items(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", kind, "-n", namespace] + (["-l", selector] if selector else [])
+        items: list[dict[str, Any]] = self.json(*args)["items"]
+        return items
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[devcluster.Cluster]:
+    config = devcluster.config_from_env(os.environ.get("FLEETPILOT_TEST_CLUSTER", "test"))
+    cluster = devcluster.Cluster(config)
+    already_running = cluster.running()
+    cluster.up(reuse=True)
+    yield cluster
+    if not already_running and not os.environ.get("FLEETPILOT_KEEP_CLUSTER"):
+        cluster.down(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: devcluster.Cluster) -> Kubectl:
+    return Kubectl(devcluster.k8s_bin("kubectl"), control_plane.config.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def crds(kubectl: Kubectl) -> None:
+    kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    kubectl.run("wait", "--for", "condition=Established", "crd", "--all", "--timeout=60s")
+
+
+class OperatorProcess:
+    """`fleetpilot operator run` as a child process that tests may kill and restart."""
+
+    def __init__(self, kubeconfig: Path, log_dir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_dir = log_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fleetpilot.cli", "operator", "run"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "FLEETPILOT_RESYNC_SECONDS": "20"},
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies under the operator."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
+
+
+@pytest.fixture(scope="session")
+def operator(control_plane: devcluster.Cluster, crds: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(control_plane.config.kubeconfig, tmp_path_factory.mktemp("operator"))
+    process.start()
+    yield process
+    process.stop()
+    # Unexpected exceptions in our code are logged at ERROR with a traceback; API refusals are warnings.
+    errors = [line for line in process.log().splitlines() if "ERROR fleetpilot" in line]
+    assert not errors, f"the operator logged errors:\n{process.log()[-5000:]}"
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kubectl.run("create", "namespace", name)
+    yield name
+    kubectl.run("delete", "namespace", name, "--wait=false")
+    # GPUs are shared by all tests: wait until this test's pods have released theirs.
+    wait_for(lambda: not kubectl.items("pods", name), timeout=60, what=f"pods in {name} to go")
+
+
+def load_sample(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((REPO / "manifests" / "samples" / name).read_text())
+    return document
+
+
+def condition(graph: dict[str, Any], type_: str) -> dict[str, Any]:
+    for item in graph.get("status", {}).get("conditions", []):
+        if item["type"] == type_:
+            return dict(item)
+    return {}

@@ -1,0 +1,259 @@
+"""The operator against a real apiserver, controller-manager and scheduler with simulated GPU nodes.
+
+Each test applies DynamoGraphs the way a user does (kubectl) and checks what Kubernetes itself
+then holds: children and their owner references, pods bound to GPU nodes, status conditions,
+garbage collection, and what survives an operator crash.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from .conftest import Kubectl, OperatorProcess, condition, load_sample, wait_for
+
+pytestmark = pytest.mark.integration
+
+SAMPLES = {
+    "simulator.yaml": ["frontend", "prefill", "decode"],
+    "disaggregated-vllm.yaml": ["frontend", "prefill", "decode"],
+    "aggregated-sglang.yaml": ["frontend", "aggregated"],
+    "disaggregated-trtllm.yaml": ["frontend", "prefill", "decode"],
+}
+WORKLOAD_KINDS = ["deployment", "service", "poddisruptionbudget"]
+
+
+def graph(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = kubectl.json("get", "dynamograph", name, "-n", namespace)
+    return result
+
+
+def ready(kubectl: Kubectl, namespace: str, name: str) -> bool:
+    current = graph(kubectl, namespace, name)
+    return (
+        condition(current, "Ready").get("status") == "True"
+        and current["status"].get("observedGeneration") == current["metadata"]["generation"]
+    )
+
+
+def simulator_graph(name: str, **components: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "fleetpilot.dev/v1alpha1",
+        "kind": "DynamoGraph",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": "llama-8b"},
+            "engine": {"framework": "simulator"},
+            "components": components or {"prefill": {"replicas": 1}, "decode": {"replicas": 2}},
+        },
+    }
+
+
+def owner_uids(obj: dict[str, Any]) -> list[str]:
+    return [ref["uid"] for ref in obj["metadata"].get("ownerReferences", []) if ref.get("controller")]
+
+
+def test_samples_create_owned_children_on_gpu_nodes(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    for sample in SAMPLES:
+        kubectl.apply(load_sample(sample), namespace)
+    for sample, components in SAMPLES.items():
+        name = load_sample(sample)["metadata"]["name"]
+        wait_for(lambda: ready(kubectl, namespace, name), what=f"{name} Ready")
+        owner = graph(kubectl, namespace, name)
+        for component in components:
+            dgc = kubectl.json("get", "dgc", f"{name}-{component}", "-n", namespace)
+            assert owner_uids(dgc) == [owner["metadata"]["uid"]]
+            for kind in WORKLOAD_KINDS:
+                child = kubectl.json("get", kind, f"{name}-{component}", "-n", namespace)
+                assert owner_uids(child) == [dgc["metadata"]["uid"]], f"{kind} {name}-{component}"
+        assert owner["status"]["endpoint"] == f"http://{name}-frontend.{namespace}.svc:8000/v1"
+
+    pods = kubectl.items("pods", namespace)
+    assert pods and all(p["status"]["phase"] == "Running" for p in pods)
+    assert all(p["spec"]["nodeName"].startswith("gpu-node-") for p in pods)
+    assert all(p["status"]["podIP"].startswith("127.") for p in pods)
+    gpu_pods = [p for p in pods if p["metadata"]["labels"]["fleetpilot.dev/component"] != "frontend"]
+    assert all(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1 for p in gpu_pods)
+
+    table = kubectl.run("get", "dg", "-n", namespace).stdout
+    assert re.search(r"llama-8b-sim\s+True\s+1/1\s+2/2\s+2/2", table), table
+
+
+def test_graph_needing_more_gpus_than_exist_reports_unschedulable(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    kubectl.apply(simulator_graph("too-big", aggregated={"replicas": 5, "gpus": 8, "parallelism": {"tensor": 8}}),
+                  namespace)
+
+    def degraded() -> dict[str, Any]:
+        found = condition(graph(kubectl, namespace, "too-big"), "Degraded")
+        return found if found.get("reason") == "Unschedulable" else {}
+
+    message = wait_for(degraded, what="Degraded=Unschedulable")["message"]
+    match = re.match(r"Unschedulable: needs (\d+) nvidia.com/gpu, (\d+) free", message)
+    assert match, message
+    needed, free = int(match[1]), int(match[2])
+    assert needed % 8 == 0 and needed >= 8 and free < 8
+    assert condition(graph(kubectl, namespace, "too-big"), "Ready")["status"] == "False"
+    events = kubectl.items("events", namespace)
+    assert any(e["reason"] == "Unschedulable" and e["involvedObject"]["name"] == "too-big" for e in events)
+
+    # Fewer replicas fit: the condition clears by itself.
+    kubectl.run("scale", "dgc/too-big-aggregated", "--replicas=1", "-n", namespace)
+    wait_for(lambda: ready(kubectl, namespace, "too-big"), what="Ready after scaling down")
+    assert condition(graph(kubectl, namespace, "too-big"), "Degraded")["status"] == "False"
+
+
+def test_kubectl_scale_dgc_changes_pods_and_respects_bounds(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    kubectl.apply(simulator_graph("scaled"), namespace)
+    wait_for(lambda: ready(kubectl, namespace, "scaled"), what="Ready")
+
+    kubectl.run("scale", "dgc/scaled-decode", "--replicas=4", "-n", namespace)
+    wait_for(lambda: len(kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")) == 4, what="4 decode pods")
+    wait_for(lambda: graph(kubectl, namespace, "scaled")["status"]["components"]["decode"]["summary"] == "4/4",
+             what="status decode 4/4")
+    # The user's graph is untouched: its replicas stay the initial value.
+    assert graph(kubectl, namespace, "scaled")["spec"]["components"]["decode"]["replicas"] == 2
+
+    refused = kubectl.run("scale", "dgc/scaled-decode", "--replicas=9", "-n", namespace, check=False)
+    assert refused.returncode != 0
+    assert "replicas must lie within minReplicas and maxReplicas" in refused.stderr
+
+
+def test_scale_subresource_reports_selector_and_replicas(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    kubectl.apply(simulator_graph("hpa-ready"), namespace)
+    wait_for(lambda: ready(kubectl, namespace, "hpa-ready"), what="Ready")
+    path = f"/apis/fleetpilot.dev/v1alpha1/namespaces/{namespace}/dynamographcomponents/hpa-ready-decode/scale"
+    scale = json.loads(kubectl.run("get", "--raw", path).stdout)
+    assert scale["spec"]["replicas"] == 2
+    assert scale["status"]["replicas"] == 2
+    assert scale["status"]["selector"] == "fleetpilot.dev/component=decode,fleetpilot.dev/graph=hpa-ready"
+
+
+def test_editing_engine_image_rolls_the_deployment(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    sample = load_sample("disaggregated-vllm.yaml")
+    kubectl.apply(sample, namespace)
+    wait_for(lambda: ready(kubectl, namespace, "llama-8b"), what="Ready")
+    before = {p["metadata"]["name"] for p in kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")}
+
+    sample["spec"]["engine"]["image"] = "vllm/vllm-openai:v0.11.1"
+    kubectl.apply(sample, namespace)
+
+    def rolled() -> bool:
+        pods = kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")
+        images = {p["spec"]["containers"][0]["image"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        return images == {"vllm/vllm-openai:v0.11.1"} and len(pods) == 2 and ready(kubectl, namespace, "llama-8b")
+
+    wait_for(rolled, what="decode pods on the new image")
+    after = {p["metadata"]["name"] for p in kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")}
+    assert not before & after, "every decode pod should have been replaced"
+    replicasets = kubectl.items("replicasets", namespace, "fleetpilot.dev/component=decode")
+    assert len(replicasets) == 2  # the old one kept (scaled to 0) for rollback
+    assert graph(kubectl, namespace, "llama-8b")["status"]["observedGeneration"] == 2
+
+
+def test_deleting_the_graph_garbage_collects_every_child(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    kubectl.apply(load_sample("disaggregated-trtllm.yaml"), namespace)
+    wait_for(lambda: ready(kubectl, namespace, "llama-70b"), what="Ready")
+    kinds = ["dgc", "deployment", "service", "pdb", "configmap", "serviceaccount", "role", "rolebinding", "pods"]
+    selector = "fleetpilot.dev/graph=llama-70b"
+    assert all(kubectl.items(kind, namespace, selector) for kind in kinds)
+
+    kubectl.run("delete", "dg", "llama-70b", "-n", namespace, "--wait=false")
+    wait_for(lambda: not any(kubectl.items(kind, namespace, selector) for kind in kinds), timeout=90,
+             what="garbage collection of every child")
+
+
+def test_removing_a_component_prunes_it_and_nothing_else(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    kubectl.apply(simulator_graph("switch", aggregated={"replicas": 1}), namespace)
+    wait_for(lambda: ready(kubectl, namespace, "switch"), what="Ready")
+    # Something of the user's that merely carries our labels must survive.
+    kubectl.apply({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "switch-notes", "labels": {"fleetpilot.dev/graph": "switch",
+                                                        "app.kubernetes.io/managed-by": "fleetpilot-operator"}},
+        "data": {"owner": "a human"},
+    }, namespace)
+
+    kubectl.apply(simulator_graph("switch", prefill={"replicas": 1}, decode={"replicas": 1}), namespace)
+    wait_for(lambda: ready(kubectl, namespace, "switch"), what="Ready as disaggregated")
+    wait_for(lambda: not kubectl.items("deployment", namespace, "fleetpilot.dev/component=aggregated"),
+             what="aggregated deployment pruned")
+    names = {d["metadata"]["name"] for d in kubectl.items("dgc", namespace)}
+    assert names == {"switch-frontend", "switch-prefill", "switch-decode"}
+    assert kubectl.json("get", "configmap", "switch-notes", "-n", namespace)["data"] == {"owner": "a human"}
+
+
+def test_name_conflict_with_a_foreign_object_is_reported_not_taken_over(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    kubectl.apply({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "clash-frontend"},
+        "spec": {"ports": [{"port": 80}], "selector": {"app": "mine"}},
+    }, namespace)
+    kubectl.apply(simulator_graph("clash"), namespace)
+
+    def conflict() -> dict[str, Any]:
+        found = condition(graph(kubectl, namespace, "clash"), "Degraded")
+        return found if found.get("reason") == "NameConflict" else {}
+
+    assert "Service clash-frontend exists and is not owned by this graph" in wait_for(conflict, what="NameConflict")["message"]
+    service = kubectl.json("get", "service", "clash-frontend", "-n", namespace)
+    assert not service["metadata"].get("ownerReferences")
+    assert service["spec"]["selector"] == {"app": "mine"}
+
+    kubectl.run("delete", "service", "clash-frontend", "-n", namespace)
+    wait_for(lambda: ready(kubectl, namespace, "clash"), what="Ready once the name is free")
+
+
+def test_tightened_bounds_clamp_what_runs(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    manifest = simulator_graph("bounded", prefill={"replicas": 1}, decode={"replicas": 3})
+    kubectl.apply(manifest, namespace)
+    wait_for(lambda: ready(kubectl, namespace, "bounded"), what="Ready")
+
+    manifest["spec"]["components"]["decode"] = {"replicas": 2, "scaling": {"min": 1, "max": 2}}
+    kubectl.apply(manifest, namespace)
+    wait_for(lambda: kubectl.json("get", "deployment", "bounded-decode", "-n", namespace)["spec"]["replicas"] == 2,
+             what="decode clamped to 2")
+    degraded = wait_for(lambda: condition(graph(kubectl, namespace, "bounded"), "Degraded").get("reason")
+                        == "ReplicasOutOfBounds" and condition(graph(kubectl, namespace, "bounded"), "Degraded"),
+                        what="ReplicasOutOfBounds")
+    assert "asks for 3 replicas" in degraded["message"]
+    # The DynamoGraphComponent keeps what its writer chose; it stays writable.
+    assert kubectl.json("get", "dgc", "bounded-decode", "-n", namespace)["spec"]["replicas"] == 3
+    kubectl.run("scale", "dgc/bounded-decode", "--replicas=2", "-n", namespace)
+    wait_for(lambda: condition(graph(kubectl, namespace, "bounded"), "Degraded").get("status") == "False",
+             what="Degraded cleared")
+
+
+def test_restarting_the_operator_midway_leaves_exactly_one_of_each_child(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    names = [f"crash-{i}" for i in range(4)]
+    for name in names:
+        kubectl.apply(simulator_graph(name), namespace)
+    wait_for(lambda: kubectl.items("dgc", namespace), interval=0.05, what="the first child")
+    operator.kill()
+    operator.start()
+    for name in names:
+        wait_for(lambda: ready(kubectl, namespace, name), timeout=90, what=f"{name} Ready after restart")
+
+    for name in names:
+        selector = f"fleetpilot.dev/graph={name}"
+        for kind, expected in [("dgc", 3), ("deployment", 3), ("service", 3), ("pdb", 3), ("replicaset", 3),
+                               ("serviceaccount", 1), ("role", 1), ("rolebinding", 1)]:
+            found = kubectl.items(kind, namespace, selector)
+            assert len(found) == expected, f"{kind} of {name}: {[f['metadata']['name'] for f in found]}"
+        assert len(kubectl.items("pods", namespace, selector)) == 4  # 1 frontend + 1 prefill + 2 decode
+    assert operator.alive()

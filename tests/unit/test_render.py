@@ -1,0 +1,534 @@
+"""Rendering a DynamoGraph into Kubernetes manifests.
+
+Golden files pin the complete output for three representative graphs; the behaviour tests below
+pin the properties that must hold for any graph (selectors, GPUs, ownership, engine flags, RBAC).
+
+To regenerate the golden files after an intended change::
+
+    FLEETPILOT_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetpilot import yamlio
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.operator import render
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+UPDATE_GOLDEN = os.environ.get("FLEETPILOT_UPDATE_GOLDEN") == "1"
+SETTINGS = render.RenderSettings()
+GPU = "nvidia.com/gpu"
+
+
+# -- sample graphs -----------------------------------------------------------------------------------
+
+def graph_dict(name: str, namespace: str, uid: str, generation: int, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.GRAPH_KIND,
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "generation": generation},
+        "spec": spec,
+    }
+
+
+VLLM_DISAGG = graph_dict("llama-disagg", "inference", "uid-graph-llama-disagg", 3, {
+    "model": {"name": "meta-llama/Llama-3.1-70B-Instruct", "servedName": "llama-70b"},
+    "engine": {
+        "framework": "vllm",
+        "image": "vllm/vllm-openai:v0.9.1",
+        "args": ["--max-model-len", "16384"],
+        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}],
+    },
+    "components": {
+        "frontend": {"replicas": 2},
+        "prefill": {"replicas": 2, "scaling": {"min": 1, "max": 6}},
+        "decode": {"replicas": 1, "gpus": 2, "parallelism": {"tensor": 2}, "scaling": {"min": 1, "max": 4},
+                   "args": ["--gpu-memory-utilization", "0.92"]},
+    },
+    "podTemplate": {
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "labels": {"team": "inference"},
+        "annotations": {"prometheus.io/scrape": "true"},
+    },
+})
+
+SGLANG_AGG = graph_dict("qwen-agg", "serving", "uid-graph-qwen-agg", 1, {
+    "model": {"name": "Qwen/Qwen2.5-32B-Instruct"},
+    "engine": {"framework": "sglang", "image": "lmsysorg/sglang:v0.4.6"},
+    "components": {
+        "frontend": {"router": {"policy": "round-robin"},
+                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}},
+        "aggregated": {"replicas": 2, "gpus": 4, "parallelism": {"tensor": 4},
+                       "resources": {"requests": {"cpu": 16, "memory": "128Gi"}}},
+    },
+    "podTemplate": {
+        "serviceAccountName": "inference-runner",
+        "imagePullSecrets": ["regcred"],
+        "priorityClassName": "inference-high",
+        "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "model-cache"}}],
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    },
+})
+
+SIM_DISAGG = graph_dict("sim-disagg", "default", "uid-graph-sim-disagg", 7, {
+    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+    "engine": {"framework": "simulator"},
+    "components": {
+        "prefill": {},
+        "decode": {"replicas": 3, "scaling": {"min": 2, "max": 10}},
+    },
+    "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 25}, "intervalSeconds": 30},
+})
+
+SAMPLES = {"vllm-disagg": VLLM_DISAGG, "sglang-agg": SGLANG_AGG, "sim-disagg": SIM_DISAGG}
+
+
+def parse(body: dict[str, Any]) -> api.DynamoGraph:
+    return api.DynamoGraph.model_validate(copy.deepcopy(body))
+
+
+def with_spec(body: dict[str, Any], **changes: Any) -> api.DynamoGraph:
+    """A sample graph with top-level spec keys replaced."""
+    body = copy.deepcopy(body)
+    body["spec"].update(copy.deepcopy(changes))
+    return parse(body)
+
+
+def owner_for(graph: api.DynamoGraph, component: str) -> render.OwnerRef:
+    """The DynamoGraphComponent that owns a component's workload."""
+    name = f"{graph.metadata.name}-{component}"
+    return render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, name, f"uid-{component}")
+
+
+def render_workload(graph: api.DynamoGraph, component: api.ComponentName, replicas: int | None = None) -> list[dict[str, Any]]:
+    if replicas is None:
+        replicas = render.effective_replicas(graph, component, render.initial_replicas(graph, component))
+    return render.workload(graph, component, replicas=replicas, owner=owner_for(graph, component), settings=SETTINGS)
+
+
+def render_component(graph: api.DynamoGraph, component: api.ComponentName) -> list[dict[str, Any]]:
+    """The DynamoGraphComponent followed by everything the component runs on."""
+    return [render.component_object(graph, component, with_replicas=True), *render_workload(graph, component)]
+
+
+def render_all(graph: api.DynamoGraph) -> list[dict[str, Any]]:
+    return [obj for component in render.components_of(graph) for obj in render_component(graph, component)]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = by_kind(objects, kind)
+    return found
+
+
+def engine_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def flag_value(args: list[str], flag: str) -> str:
+    assert flag in args, f"{flag} missing from {args}"
+    return args[args.index(flag) + 1]
+
+
+def all_sample_components() -> list[tuple[str, api.ComponentName]]:
+    return [(sample, c) for sample, body in SAMPLES.items() for c in render.components_of(parse(body))]
+
+
+# -- golden files ------------------------------------------------------------------------------------
+
+def assert_matches_golden(file_name: str, rendered: str) -> None:
+    path = GOLDEN_DIR / file_name
+    if UPDATE_GOLDEN:
+        GOLDEN_DIR.mkdir(exist_ok=True)
+        path.write_text(rendered)
+        return
+    if not path.is_file():
+        pytest.fail(f"golden file {path} is missing; create it with "
+                    "FLEETPILOT_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py")
+    expected = path.read_text()
+    if rendered != expected:
+        diff = "".join(difflib.unified_diff(
+            expected.splitlines(keepends=True), rendered.splitlines(keepends=True),
+            fromfile=f"golden/{file_name}", tofile="rendered",
+        ))
+        pytest.fail(
+            f"rendered manifests differ from golden/{file_name}:\n{diff}\n"
+            "If the change is intended, regenerate with "
+            "FLEETPILOT_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py and review the diff."
+        )
+
+
+def golden_file_name(sample: str, component: str) -> str:
+    return f"{sample}.{component}.yaml"
+
+
+@pytest.mark.parametrize(("sample", "component"), all_sample_components())
+def test_render_matches_golden(sample: str, component: api.ComponentName) -> None:
+    """The full output for each sample component is pinned (DynamoGraphComponent + workload)."""
+    graph = parse(SAMPLES[sample])
+    assert_matches_golden(golden_file_name(sample, component), yamlio.dump_all(render_component(graph, component)))
+
+
+def test_no_stale_golden_files() -> None:
+    """Every golden file belongs to a rendered sample, so renamed samples do not leave dead files."""
+    expected = {golden_file_name(sample, component) for sample, component in all_sample_components()}
+    present = {path.name for path in GOLDEN_DIR.glob("*.yaml")}
+    assert present == expected
+
+
+@pytest.mark.parametrize(("sample", "component"), all_sample_components())
+def test_golden_files_are_valid_yaml_streams(sample: str, component: str) -> None:
+    """The pinned output loads back to the same documents the renderer produced."""
+    if UPDATE_GOLDEN:
+        pytest.skip("golden files are being rewritten")
+    graph = parse(SAMPLES[sample])
+    loaded = list(yaml.safe_load_all((GOLDEN_DIR / golden_file_name(sample, component)).read_text()))
+    assert loaded == render_component(graph, component)
+
+
+# -- labels and selectors ----------------------------------------------------------------------------
+
+def graph_with_hostile_labels() -> api.DynamoGraph:
+    """A graph whose podTemplate.labels try to take over the selector labels."""
+    return with_spec(VLLM_DISAGG, podTemplate={"labels": {
+        render.LABEL_GRAPH: "someone-else",
+        render.LABEL_COMPONENT: "decode",
+        "team": "inference",
+    }})
+
+
+@pytest.mark.parametrize("component", ["frontend", "prefill", "decode"])
+def test_selector_is_a_subset_of_pod_labels_despite_user_labels(component: api.ComponentName) -> None:
+    """User labels cannot change the labels the Deployment, Service and PDB select on."""
+    graph = graph_with_hostile_labels()
+    objects = render_workload(graph, component)
+    deployment = one(objects, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+
+    assert selector == {render.LABEL_GRAPH: "llama-disagg", render.LABEL_COMPONENT: component}
+    assert selector.items() <= pod_labels.items()
+    assert pod_labels["team"] == "inference"  # harmless user labels are kept
+    assert one(objects, "Service")["spec"]["selector"] == selector
+    assert one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == selector
+
+
+@pytest.mark.parametrize(("sample", "component"), all_sample_components())
+def test_selector_is_a_subset_of_pod_labels_for_every_sample(sample: str, component: api.ComponentName) -> None:
+    deployment = one(render_workload(parse(SAMPLES[sample]), component), "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_selectors_of_different_components_do_not_overlap() -> None:
+    """A component's selector never matches another component's pods."""
+    graph = parse(VLLM_DISAGG)
+    pods = {c: one(render_workload(graph, c), "Deployment")["spec"]["template"]["metadata"]["labels"]
+            for c in render.components_of(graph)}
+    for component in pods:
+        selector = render.selector_labels(graph.metadata.name, component)
+        matched = [other for other, labels in pods.items() if selector.items() <= labels.items()]
+        assert matched == [component]
+
+
+# -- resources ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("sample", "component"), [
+    (s, c) for s, c in all_sample_components() if c != "frontend"
+])
+def test_gpu_requests_equal_limits_equal_worker_gpus(sample: str, component: api.ComponentName) -> None:
+    graph = parse(SAMPLES[sample])
+    gpus = graph.spec.components.workers()[component].gpus
+    resources = engine_container(one(render_workload(graph, component), "Deployment"))["resources"]
+    assert resources["requests"][GPU] == resources["limits"][GPU] == gpus
+
+
+def test_decode_with_tensor_parallel_two_gets_two_gpus() -> None:
+    resources = engine_container(one(render_workload(parse(VLLM_DISAGG), "decode"), "Deployment"))["resources"]
+    assert resources["requests"][GPU] == 2
+
+
+def test_gpu_count_comes_from_gpus_not_from_resources() -> None:
+    """A GPU figure in resources is overridden by `gpus`, so requests and limits can never disagree."""
+    body = copy.deepcopy(SGLANG_AGG)
+    body["spec"]["components"]["aggregated"]["resources"] = {
+        "requests": {GPU: 1, "cpu": 8}, "limits": {GPU: 8, "memory": "100Gi"},
+    }
+    resources = engine_container(one(render_workload(parse(body), "aggregated"), "Deployment"))["resources"]
+    assert resources["requests"] == {GPU: 4, "cpu": 8}
+    assert resources["limits"] == {GPU: 4, "memory": "100Gi"}
+
+
+def test_frontend_requests_no_gpu_and_merges_user_resources() -> None:
+    """The frontend gets the operator's CPU/memory defaults, overridden by the user's, and no GPU."""
+    default = engine_container(one(render_workload(parse(VLLM_DISAGG), "frontend"), "Deployment"))["resources"]
+    assert default == {"requests": dict(SETTINGS.frontend_requests)}
+
+    custom = engine_container(one(render_workload(parse(SGLANG_AGG), "frontend"), "Deployment"))["resources"]
+    assert custom == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+
+
+# -- ownership ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("sample", "component"), all_sample_components())
+def test_every_workload_object_is_controlled_by_its_component(sample: str, component: api.ComponentName) -> None:
+    graph = parse(SAMPLES[sample])
+    owner = owner_for(graph, component)
+    for obj in render_workload(graph, component):
+        (reference,) = obj["metadata"]["ownerReferences"]
+        assert reference == owner.as_manifest(), obj["kind"]
+        assert reference["controller"] is True and reference["blockOwnerDeletion"] is True
+        assert reference["kind"] == api.COMPONENT_KIND
+        assert obj["metadata"]["namespace"] == graph.metadata.namespace
+
+
+@pytest.mark.parametrize(("sample", "component"), all_sample_components())
+def test_component_object_is_controlled_by_the_graph(sample: str, component: api.ComponentName) -> None:
+    graph = parse(SAMPLES[sample])
+    (reference,) = render.component_object(graph, component, with_replicas=True)["metadata"]["ownerReferences"]
+    assert reference == {
+        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND, "name": graph.metadata.name,
+        "uid": graph.metadata.uid, "controller": True, "blockOwnerDeletion": True,
+    }
+
+
+# -- engine flags ------------------------------------------------------------------------------------
+
+def test_vllm_disaggregated_workers_use_nixl_connector() -> None:
+    graph = parse(VLLM_DISAGG)
+    for component in ("prefill", "decode"):
+        container = engine_container(one(render_workload(graph, component), "Deployment"))
+        config = json.loads(flag_value(container["args"], "--kv-transfer-config"))
+        assert config["kv_connector"] == "NixlConnector"
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(render.NIXL_SIDE_CHANNEL_PORT)
+        assert "nixl" in [p["name"] for p in container["ports"]]
+
+
+def test_vllm_aggregated_worker_has_no_kv_transfer() -> None:
+    graph = with_spec(VLLM_DISAGG, components={"aggregated": {"gpus": 2, "parallelism": {"tensor": 2}}})
+    container = engine_container(one(render_workload(graph, "aggregated"), "Deployment"))
+    assert "--kv-transfer-config" not in container["args"]
+    assert not any(e["name"].startswith("VLLM_NIXL") for e in container["env"])
+    assert flag_value(container["args"], "--tensor-parallel-size") == "2"
+
+
+def test_vllm_command_carries_model_parallelism_and_extra_args_in_order() -> None:
+    """Engine-wide args come before component args, both after the operator's flags."""
+    container = engine_container(one(render_workload(parse(VLLM_DISAGG), "decode"), "Deployment"))
+    args = container["args"]
+    assert container["command"] == ["vllm"]
+    assert args[:2] == ["serve", "meta-llama/Llama-3.1-70B-Instruct"]
+    assert flag_value(args, "--served-model-name") == "llama-70b"
+    assert flag_value(args, "--tensor-parallel-size") == "2"
+    assert flag_value(args, "--pipeline-parallel-size") == "1"
+    assert args[-4:] == ["--max-model-len", "16384", "--gpu-memory-utilization", "0.92"]
+
+
+def sglang_disaggregated() -> api.DynamoGraph:
+    return with_spec(SGLANG_AGG, components={"prefill": {}, "decode": {}})
+
+
+def test_sglang_prefill_is_in_prefill_mode_with_bootstrap_port() -> None:
+    container = engine_container(one(render_workload(sglang_disaggregated(), "prefill"), "Deployment"))
+    assert flag_value(container["args"], "--disaggregation-mode") == "prefill"
+    assert flag_value(container["args"], "--disaggregation-bootstrap-port") == str(render.SGLANG_BOOTSTRAP_PORT)
+    assert {"name": "bootstrap", "containerPort": render.SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"} in container["ports"]
+
+
+def test_sglang_decode_is_in_decode_mode_without_bootstrap_port() -> None:
+    container = engine_container(one(render_workload(sglang_disaggregated(), "decode"), "Deployment"))
+    assert flag_value(container["args"], "--disaggregation-mode") == "decode"
+    assert "--disaggregation-bootstrap-port" not in container["args"]
+    assert "bootstrap" not in [p["name"] for p in container["ports"]]
+
+
+def test_sglang_aggregated_has_no_disaggregation_flags() -> None:
+    container = engine_container(one(render_workload(parse(SGLANG_AGG), "aggregated"), "Deployment"))
+    assert not any(arg.startswith("--disaggregation") for arg in container["args"])
+    assert flag_value(container["args"], "--tp-size") == "4"
+
+
+def trtllm_graph(components: dict[str, Any]) -> api.DynamoGraph:
+    return with_spec(VLLM_DISAGG, engine={"framework": "trtllm", "image": "nvcr.io/nvidia/tensorrt-llm:1.0"},
+                     components=components)
+
+
+@pytest.mark.parametrize("component", ["prefill", "decode"])
+def test_trtllm_disaggregated_renders_and_mounts_its_config_map(component: api.ComponentName) -> None:
+    """The options file the engine is pointed at is exactly the ConfigMap key, mounted where it looks."""
+    objects = render_workload(trtllm_graph({"prefill": {}, "decode": {}}), component)
+    config_map = one(objects, "ConfigMap")
+    deployment = one(objects, "Deployment")
+    container = engine_container(deployment)
+
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    (volume_name,) = [name for name, v in volumes.items()
+                      if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]]
+    mount_path = mounts[volume_name]["mountPath"]
+    (key,) = config_map["data"]
+    assert flag_value(container["args"], "--extra_llm_api_options") == f"{mount_path}/{key}"
+    assert "cache_transceiver_config:" in config_map["data"][key]
+    assert ("disable_overlap_scheduler: true" in config_map["data"][key]) == (component == "prefill")
+
+
+def test_trtllm_aggregated_has_no_config_map() -> None:
+    objects = render_workload(trtllm_graph({"aggregated": {}}), "aggregated")
+    assert by_kind(objects, "ConfigMap") == []
+    assert "--extra_llm_api_options" not in engine_container(one(objects, "Deployment"))["args"]
+
+
+def test_simulator_needs_no_engine_image_and_no_shared_memory() -> None:
+    """The simulator runs fleetpilot's own image and skips the /dev/shm volume real engines need."""
+    deployment = one(render_workload(parse(SIM_DISAGG), "decode"), "Deployment")
+    container = engine_container(deployment)
+    assert container["image"] == SETTINGS.fleetpilot_image
+    assert flag_value(container["args"], "--role") == "decode"
+    assert "volumes" not in deployment["spec"]["template"]["spec"]
+    assert "volumeMounts" not in container
+
+
+def test_frontend_mode_follows_the_graph_shape() -> None:
+    def mode(graph: api.DynamoGraph) -> str:
+        return flag_value(engine_container(one(render_workload(graph, "frontend"), "Deployment"))["args"], "--mode")
+
+    assert mode(parse(VLLM_DISAGG)) == "disaggregated"
+    assert mode(parse(SGLANG_AGG)) == "aggregated"
+
+
+# -- frontend RBAC -----------------------------------------------------------------------------------
+
+def test_frontend_gets_its_own_service_account_and_pod_reader_role() -> None:
+    graph = parse(VLLM_DISAGG)
+    objects = render_workload(graph, "frontend")
+    account, role, binding = one(objects, "ServiceAccount"), one(objects, "Role"), one(objects, "RoleBinding")
+    name = "llama-disagg-frontend"
+
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == name
+    assert account["metadata"]["name"] == role["metadata"]["name"] == name
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "inference"}]
+
+
+def test_user_service_account_replaces_frontend_rbac() -> None:
+    """With podTemplate.serviceAccountName the operator creates no account or role and uses the user's."""
+    objects = render_workload(parse(SGLANG_AGG), "frontend")
+    assert {o["kind"] for o in objects} == {"Deployment", "Service", "PodDisruptionBudget"}
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "inference-runner"
+
+
+def test_workers_get_no_rbac_and_no_service_account_by_default() -> None:
+    graph = parse(VLLM_DISAGG)
+    for component in ("prefill", "decode"):
+        objects = render_workload(graph, component)
+        assert {o["kind"] for o in objects} == {"Deployment", "Service", "PodDisruptionBudget"}
+        assert "serviceAccountName" not in one(objects, "Deployment")["spec"]["template"]["spec"]
+
+
+# -- replicas ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("low", [0, 1, 3])
+@pytest.mark.parametrize("high", [3, 5, 8])
+def test_effective_replicas_clamps_to_scaling_bounds(low: int, high: int) -> None:
+    """For every request, the result is the request clamped to [min, max] (exhaustive small grid)."""
+    graph = with_spec(SIM_DISAGG, components={
+        "prefill": {}, "decode": {"scaling": {"min": low, "max": high}},
+    })
+    for requested in range(0, 12):
+        effective = render.effective_replicas(graph, "decode", requested)
+        assert low <= effective <= high, requested
+        assert effective == min(max(requested, low), high), requested
+        if low <= requested <= high:
+            assert effective == requested
+
+
+def test_effective_replicas_of_frontend_is_unbounded() -> None:
+    graph = parse(VLLM_DISAGG)
+    assert render.effective_replicas(graph, "frontend", 0) == 0
+    assert render.effective_replicas(graph, "frontend", 50) == 50
+
+
+def test_deployment_runs_the_replicas_it_is_given() -> None:
+    assert one(render_workload(parse(SIM_DISAGG), "decode", replicas=5), "Deployment")["spec"]["replicas"] == 5
+
+
+def test_component_object_with_replicas_carries_initial_replicas_and_bounds() -> None:
+    graph = parse(SIM_DISAGG)
+    assert render.component_object(graph, "decode", with_replicas=True)["spec"] == {
+        "graph": "sim-disagg", "component": "decode", "replicas": 3, "minReplicas": 2, "maxReplicas": 10,
+    }
+    assert render.component_object(graph, "frontend", with_replicas=True)["spec"] == {
+        "graph": "sim-disagg", "component": "frontend", "replicas": 1,
+    }
+
+
+@pytest.mark.parametrize(("sample", "component"), all_sample_components())
+def test_component_object_without_replicas_leaves_them_to_others(sample: str, component: api.ComponentName) -> None:
+    """After creation the planner/HPA owns spec.replicas, so the operator's apply must not send it."""
+    graph = parse(SAMPLES[sample])
+    created = render.component_object(graph, component, with_replicas=True)
+    updated = render.component_object(graph, component, with_replicas=False)
+    assert "replicas" not in updated["spec"]
+    assert updated["spec"] == {k: v for k, v in created["spec"].items() if k != "replicas"}
+    assert updated["metadata"] == created["metadata"]
+
+
+# -- services ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("sample", "component"), all_sample_components())
+def test_worker_services_are_headless_and_frontend_service_is_not(sample: str, component: api.ComponentName) -> None:
+    service = one(render_workload(parse(SAMPLES[sample]), component), "Service")
+    if component == "frontend":
+        assert "clusterIP" not in service["spec"]
+    else:
+        assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"] == [{"name": "http", "port": render.HTTP_PORT, "targetPort": "http",
+                                         "protocol": "TCP"}]
+
+
+def test_endpoint_points_at_the_frontend_service() -> None:
+    assert render.endpoint(parse(VLLM_DISAGG)) == "http://llama-disagg-frontend.inference.svc:8000/v1"
+
+
+# -- determinism and purity --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sample", list(SAMPLES))
+def test_rendering_is_deterministic(sample: str) -> None:
+    """Same input, same output: no random names, no set ordering, nothing time-dependent."""
+    first = render_all(parse(SAMPLES[sample]))
+    second = render_all(parse(SAMPLES[sample]))
+    assert first == second
+    assert yamlio.dump_all(first) == yamlio.dump_all(second)
+
+
+@pytest.mark.parametrize("sample", list(SAMPLES))
+def test_rendering_does_not_mutate_the_graph(sample: str) -> None:
+    """Rendering twice from one parsed graph gives the same result and leaves the graph as parsed."""
+    graph = parse(SAMPLES[sample])
+    before = graph.model_dump()
+    first = copy.deepcopy(render_all(graph))
+    second = render_all(graph)
+    assert graph.model_dump() == before
+    assert first == second
+
+
+def test_components_of_lists_frontend_then_workers() -> None:
+    assert render.components_of(parse(VLLM_DISAGG)) == ["frontend", "prefill", "decode"]
+    assert render.components_of(parse(SGLANG_AGG)) == ["frontend", "aggregated"]
