@@ -9,14 +9,18 @@ objects: no finalizers, no annotations, no status fields of its own.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
-
-from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import kube, reconciler, render
 
-CHILD_SELECTOR = {render.LABEL_GRAPH: kopf.PRESENT, "app.kubernetes.io/managed-by": render.MANAGED_BY}
+from fleetpilot.api import v1alpha1 as api
+
+CHILD_SELECTOR: dict[str, Any] = {
+    render.LABEL_GRAPH: kopf.PRESENT,
+    "app.kubernetes.io/managed-by": render.MANAGED_BY,
+}
 
 
 @kopf.on.startup()
@@ -44,12 +48,14 @@ async def stop_reconciler(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.GRAPH_PLURAL)
-async def graph_changed(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.enqueue(namespace, name)
+async def graph_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    if namespace:
+        memo.reconciler.enqueue(namespace, name)
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.COMPONENT_PLURAL, labels=CHILD_SELECTOR)
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_SELECTOR)
 @kopf.on.event("", "v1", "pods", labels={render.LABEL_GRAPH: kopf.PRESENT})
-async def child_changed(labels: dict[str, str], namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.enqueue(namespace, labels[render.LABEL_GRAPH])
+async def child_changed(labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any) -> None:
+    if namespace:
+        memo.reconciler.enqueue(namespace, labels[render.LABEL_GRAPH])

@@ -80,9 +80,9 @@ class ApiError(Exception):
 def _load_configuration() -> k8s_client.Configuration:
     configuration = k8s_client.Configuration()
     try:
-        k8s_config.load_incluster_config(client_configuration=configuration)
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except k8s_config.ConfigException:
-        k8s_config.load_kube_config(client_configuration=configuration)
+        k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     return configuration
 
 
@@ -186,7 +186,7 @@ class KubeApi:
     ) -> None:
         """Record a core/v1 Event about an object (what `kubectl describe` shows)."""
         meta = regarding["metadata"]
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1",
             "kind": "Event",

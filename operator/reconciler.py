@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pydantic
-
-from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import kube as kube_mod
 from fleetpilot.operator import render, status
+
+from fleetpilot.api import v1alpha1 as api
 
 logger = logging.getLogger("fleetpilot.operator")
 
@@ -43,7 +43,7 @@ def controller_uid(obj: Manifest) -> str | None:
 
 
 def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def describe_validation_error(error: pydantic.ValidationError) -> str:
@@ -133,7 +133,7 @@ class GraphReconciler:
                 await self.reconcile(*key)
                 self._failures.pop(key, None)
                 self.enqueue(*key, after=self.resync_seconds)
-            except Exception as error:  # a bad graph or a flaky API must never stop the operator
+            except Exception as error:  # noqa: BLE001 - a bad graph or a flaky API must never stop the operator
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
                 self.stats.errors += 1

@@ -67,9 +67,7 @@ def _translate(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out.pop("type", None)
     elif "enum" in out and "type" not in out:
         out["type"] = "string"
-    elif "type" not in out and "properties" in out:
-        out["type"] = "object"
-    elif out.get("x-kubernetes-preserve-unknown-fields") and "type" not in out:
+    elif "type" not in out and ("properties" in out or out.get("x-kubernetes-preserve-unknown-fields")):
         out["type"] = "object"
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
         out["x-kubernetes-preserve-unknown-fields"] = True
@@ -133,7 +131,7 @@ def _crd(
 
 
 def _column(name: str, json_path: str, type_: str = "string", priority: int = 0) -> dict[str, Any]:
-    column = {"name": name, "type": type_, "jsonPath": json_path}
+    column: dict[str, Any] = {"name": name, "type": type_, "jsonPath": json_path}
     if priority:
         column["priority"] = priority
     return column

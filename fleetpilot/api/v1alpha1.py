@@ -166,8 +166,10 @@ class ComponentsSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_cel(
             (
-                "(has(self.prefill) && has(self.decode) && !has(self.aggregated))"
-                " || (!has(self.prefill) && !has(self.decode) && has(self.aggregated))",
+                (
+                    "(has(self.prefill) && has(self.decode) && !has(self.aggregated))"
+                    " || (!has(self.prefill) && !has(self.decode) && has(self.aggregated))"
+                ),
                 "set prefill and decode (disaggregated) or aggregated alone, not both and not neither",
             )
         )
@@ -204,7 +206,7 @@ class SlaTarget(ApiModel):
 
     ttft_ms: float = Field(gt=0, description="Time to first token target, milliseconds.")
     itl_ms: float = Field(gt=0, description="Inter-token latency target, milliseconds.")
-    percentile: float = Field(default=90, ge=50, le=99.9, description="Percentile the targets apply to.")
+    percentile: float = Field(default=90, ge=50, lt=100, description="Percentile the targets apply to (50 to under 100).")
 
 
 class ProfileRef(ApiModel):

@@ -78,7 +78,7 @@ def ensure(folder: Path, *, service_ip: str) -> Pki:
     if pki.complete():
         return pki
     folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("fleetpilot-dev-ca")

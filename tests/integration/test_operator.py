@@ -61,7 +61,7 @@ def test_samples_create_owned_children_on_gpu_nodes(kubectl: Kubectl, operator: 
         kubectl.apply(load_sample(sample), namespace)
     for sample, components in SAMPLES.items():
         name = load_sample(sample)["metadata"]["name"]
-        wait_for(lambda: ready(kubectl, namespace, name), what=f"{name} Ready")
+        wait_for(lambda name=name: ready(kubectl, namespace, name), what=f"{name} Ready")
         owner = graph(kubectl, namespace, name)
         for component in components:
             dgc = kubectl.json("get", "dgc", f"{name}-{component}", "-n", namespace)
@@ -247,7 +247,7 @@ def test_restarting_the_operator_midway_leaves_exactly_one_of_each_child(
     operator.kill()
     operator.start()
     for name in names:
-        wait_for(lambda: ready(kubectl, namespace, name), timeout=90, what=f"{name} Ready after restart")
+        wait_for(lambda name=name: ready(kubectl, namespace, name), timeout=90, what=f"{name} Ready after restart")
 
     for name in names:
         selector = f"fleetpilot.dev/graph={name}"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Install everything fleetpilot needs on this machine, once; later runs only check the caches.
+#
+#   Debian packages   etcd-server (the control plane's store), prometheus (e2e and promtool)
+#   Python            a virtualenv in ~/.cache/fleetpilot/venv with fleetpilot installed editable
+#   Kubernetes        kube-apiserver, -controller-manager, -scheduler, kubectl and kwok, built by
+#                     scripts/install-k8s.sh into ~/.cache/fleetpilot/
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE="${FLEETPILOT_CACHE:-$HOME/.cache/fleetpilot}"
+VENV="$CACHE/venv"
+mkdir -p "$CACHE"
+
+# -- Debian packages ---------------------------------------------------------------------------------
+missing=()
+for pkg in etcd-server prometheus; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if (( ${#missing[@]} )); then
+  echo "install: apt-get install ${missing[*]}"
+  sudo_cmd=""; [[ $(id -u) -eq 0 ]] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The packages start system services where an init system runs; the tests start their own.
+  for svc in etcd prometheus; do $sudo_cmd service "$svc" stop >/dev/null 2>&1 || true; done
+fi
+
+# -- Python ------------------------------------------------------------------------------------------
+stamp="$(sha256sum "$repo/pyproject.toml" | cut -c1-16) $repo"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "install: creating $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+fi
+if [[ "$(cat "$VENV/.fleetpilot-stamp" 2>/dev/null)" != "$stamp" ]]; then
+  echo "install: pip install -e .[dev] (first time: about 2-3 minutes)"
+  "$VENV/bin/pip" install -q -e "$repo[dev]"
+  echo "$stamp" > "$VENV/.fleetpilot-stamp"
+fi
+
+# -- Kubernetes binaries -----------------------------------------------------------------------------
+bash "$repo/scripts/install-k8s.sh"
+echo "install: done; activate with: source $VENV/bin/activate"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: install (cached), static checks, unit and integration tests.
+# Integration tests start their own control plane (cluster "test") and stop it by its saved PIDs.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+bash scripts/install.sh
+CACHE="${FLEETPILOT_CACHE:-$HOME/.cache/fleetpilot}"
+export PATH="$CACHE/venv/bin:$PATH"
+
+echo "== static checks"
+bash scripts/check.sh
+
+echo "== tests"
+set +e
+python -m pytest tests -p no:cacheprovider "$@"
+status=$?
+set -e
+if [[ $status -eq 5 ]]; then
+  echo "test.sh: pytest collected no tests; that is a failure" >&2
+  exit 1
+fi
+exit $status

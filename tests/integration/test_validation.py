@@ -1,0 +1,174 @@
+"""Bad DynamoGraphs are refused by the apiserver itself, with a message that names the field.
+
+Every case goes through `kubectl create --dry-run=server`, so the real schema, defaulting and CEL
+rules of the generated CRD run, and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import Kubectl
+
+pytestmark = pytest.mark.integration
+
+Graph = dict[str, Any]
+
+
+def valid() -> Graph:
+    return {
+        "apiVersion": "fleetpilot.dev/v1alpha1",
+        "kind": "DynamoGraph",
+        "metadata": {"name": "llama"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "engine": {"framework": "vllm", "image": "vllm/vllm-openai:v0.11.0"},
+            "components": {
+                "prefill": {"replicas": 1, "gpus": 1},
+                "decode": {"replicas": 2, "gpus": 2, "parallelism": {"tensor": 2}},
+            },
+        },
+    }
+
+
+def edit(change: Callable[[Graph], None]) -> Graph:
+    graph = copy.deepcopy(valid())
+    change(graph)
+    return graph
+
+
+def _set(path: str, value: Any) -> Callable[[Graph], None]:
+    def apply(graph: Graph) -> None:
+        *parents, leaf = path.split(".")
+        node = graph
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return apply
+
+
+def _delete(path: str) -> Callable[[Graph], None]:
+    def apply(graph: Graph) -> None:
+        *parents, leaf = path.split(".")
+        node = graph
+        for key in parents:
+            node = node[key]
+        del node[leaf]
+    return apply
+
+
+INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
+    "both-disaggregated-and-aggregated": (
+        _set("spec.components.aggregated", {"replicas": 1}),
+        ["spec.components", "set prefill and decode (disaggregated) or aggregated alone"],
+    ),
+    "no-workers-at-all": (
+        lambda g: g["spec"].__setitem__("components", {"frontend": {"replicas": 1}}),
+        ["spec.components", "not both and not neither"],
+    ),
+    "prefill-without-decode": (
+        _delete("spec.components.decode"),
+        ["spec.components", "set prefill and decode"],
+    ),
+    "scaling-min-above-max": (
+        _set("spec.components.decode.scaling", {"min": 5, "max": 3}),
+        ["spec.components.decode.scaling", "scaling.min must not exceed scaling.max"],
+    ),
+    "replicas-above-max": (
+        _set("spec.components.prefill.replicas", 12),
+        ["spec.components.prefill", "replicas must lie within scaling.min and scaling.max"],
+    ),
+    "replicas-below-min": (
+        _set("spec.components.prefill.scaling", {"min": 3, "max": 6}),
+        ["spec.components.prefill", "replicas must lie within scaling.min and scaling.max"],
+    ),
+    "parallelism-does-not-match-gpus": (
+        _set("spec.components.decode.parallelism", {"tensor": 4}),
+        ["spec.components.decode", "gpus must equal parallelism.tensor"],
+    ),
+    "name-too-long-for-children": (
+        _set("metadata.name", "a" * 53),
+        ["metadata.name must be at most 52 characters"],
+    ),
+    "name-not-dns-1035": (
+        _set("metadata.name", "8b-llama"),
+        ["metadata.name must be a DNS-1035 label"],
+    ),
+    "unknown-framework": (
+        _set("spec.engine.framework", "tgi"),
+        ["spec.engine.framework", "Unsupported value: \"tgi\"", "vllm", "simulator"],
+    ),
+    "image-missing-for-real-engine": (
+        _delete("spec.engine.image"),
+        ["spec", "engine.image is required unless engine.framework is simulator"],
+    ),
+    "zero-gpus": (
+        _set("spec.components.prefill.gpus", 0),
+        ["spec.components.prefill.gpus", "should be greater than or equal to 1"],
+    ),
+    "unknown-router-policy": (
+        _set("spec.components.frontend", {"router": {"policy": "random"}}),
+        ["spec.components.frontend.router.policy", "Unsupported value: \"random\""],
+    ),
+    "sla-mode-without-targets": (
+        _set("spec.planner", {"mode": "sla"}),
+        ["spec.planner", "planner.sla is required when planner.mode is advisory or sla"],
+    ),
+    "percentile-out-of-range": (
+        _set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50, "percentile": 100}}),
+        ["spec.planner.sla.percentile", "should be less than 100"],
+    ),
+    "non-positive-ttft-target": (
+        _set("spec.planner", {"mode": "advisory", "sla": {"ttftMs": 0, "itlMs": 50}}),
+        ["spec.planner.sla.ttftMs", "should be greater than 0"],
+    ),
+    "planner-interval-too-short": (
+        _set("spec.planner", {"intervalSeconds": 1}),
+        ["spec.planner.intervalSeconds", "should be greater than or equal to 10"],
+    ),
+    "missing-model": (
+        _delete("spec.model"),
+        ["spec.model", "Required value"],
+    ),
+    "misspelled-field": (
+        _set("spec.components.prefill.replica", 3),
+        ["unknown field \"spec.components.prefill.replica\""],
+    ),
+    "bad-env-var-name": (
+        _set("spec.engine.env", [{"name": "1 BAD", "value": "x"}]),
+        ["spec.engine.env[0].name", "should match"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_apiserver_rejects_invalid_graph(kubectl: Kubectl, crds: None, case: str) -> None:
+    change, expected = INVALID[case]
+    result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-",
+                         stdin=yaml.safe_dump(edit(change)), check=False)
+    assert result.returncode != 0, f"{case} was accepted"
+    for fragment in expected:
+        assert fragment in result.stderr, f"{case}: {fragment!r} not in {result.stderr!r}"
+
+
+def test_the_valid_baseline_is_accepted(kubectl: Kubectl, crds: None) -> None:
+    """Guards the table above: each case fails for its own reason, not because the base is bad."""
+    result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(valid()))
+    assert "created (server dry run)" in result.stdout
+
+
+def test_component_bounds_are_enforced_on_direct_edits(kubectl: Kubectl, crds: None) -> None:
+    dgc = {
+        "apiVersion": "fleetpilot.dev/v1alpha1", "kind": "DynamoGraphComponent",
+        "metadata": {"name": "x-decode"},
+        "spec": {"graph": "x", "component": "decode", "replicas": 9, "minReplicas": 1, "maxReplicas": 8},
+    }
+    result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(dgc),
+                         check=False)
+    assert result.returncode != 0
+    assert "replicas must lie within minReplicas and maxReplicas" in result.stderr
