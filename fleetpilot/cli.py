@@ -21,6 +21,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
     files = _crd_files()
     if args.check:
         stale = [name for name, text in files.items() if not (out / name).is_file() or (out / name).read_text() != text]
+        stale += [p.name for p in out.glob("*.yaml") if p.name not in files]  # left over from a renamed kind
         if stale:
             print(f"crds drifted from the API models: {', '.join(stale)}; run `fleetpilot crds`", file=sys.stderr)
             return 1

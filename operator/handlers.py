@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from fleetpilot.operator import kube, reconciler, render
 
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.operator import kube, reconciler, render
 
 CHILD_SELECTOR: dict[str, Any] = {
     render.LABEL_GRAPH: kopf.PRESENT,

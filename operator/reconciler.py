@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pydantic
-from fleetpilot.operator import kube as kube_mod
-from fleetpilot.operator import render, status
 
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.operator import kube as kube_mod
+from fleetpilot.operator import render, status
 
 logger = logging.getLogger("fleetpilot.operator")
 

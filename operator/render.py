@@ -273,7 +273,8 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
             volumes.append({"name": "trtllm-config", "configMap": {"name": f"{name}-trtllm"}})
             mounts.append({"name": "trtllm-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
 
-    mounts += overrides.volume_mounts or []
+    if component != "frontend":
+        mounts += overrides.volume_mounts or []  # model caches and the like are the engine's
     volumes += overrides.volumes or []
     container: Manifest = {
         "name": "frontend" if component == "frontend" else "engine",

@@ -144,8 +144,9 @@ def conditions(observation: Observation) -> list[api.Condition]:
         if biggest_pod > capacity.largest_node:
             message += (f"; one pod needs {biggest_pod} but the largest node has {capacity.largest_node}:"
                         " use more replicas with fewer GPUs each")
-        if needed == 0:
-            message = "Unschedulable: " + stuck[0]["status"]["conditions"][-1].get("message", "no node fits")
+        if needed == 0:  # not GPUs: repeat what the scheduler said
+            scheduled = [c for c in stuck[0]["status"]["conditions"] if c.get("type") == "PodScheduled"]
+            message = "Unschedulable: " + scheduled[0].get("message", "no node fits")
         degraded = _condition("Degraded", True, "Unschedulable", message, generation)
     else:
         clamped = [c.name for c in observation.components if c.clamped_from is not None]

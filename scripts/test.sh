@@ -14,7 +14,7 @@ bash scripts/check.sh
 
 echo "== tests"
 set +e
-python -m pytest tests -p no:cacheprovider "$@"
+pytest tests -p no:cacheprovider "$@"
 status=$?
 set -e
 if [[ $status -eq 5 ]]; then

@@ -276,7 +276,8 @@ class Cluster:
 
     # -- cluster objects ---------------------------------------------------------------------------
 
-    def _client(self) -> httpx.Client:
+    def client(self) -> httpx.Client:
+        """An HTTP client for the apiserver, authenticated as the cluster admin."""
         pki = pki_mod.Pki(self.folder / "pki")
         tls = ssl.create_default_context(cafile=str(pki.ca))
         tls.load_cert_chain(str(pki.crt("admin")), str(pki.key("admin")))
@@ -284,7 +285,7 @@ class Cluster:
 
     def _healthy(self) -> bool:
         try:
-            with self._client() as client:
+            with self.client() as client:
                 return client.get("/readyz").status_code == 200
         except (httpx.HTTPError, OSError):
             return False
@@ -313,14 +314,14 @@ class Cluster:
         }
 
     def _create_nodes(self) -> None:
-        with self._client() as client:
+        with self.client() as client:
             for name in self.config.node_names():
                 response = client.post("/api/v1/nodes", json=self.node_manifest(name))
                 if response.status_code not in (201, 409):
                     raise ClusterError(f"creating node {name}: {response.status_code} {response.text}")
 
     def _nodes_ready(self) -> bool:
-        with self._client() as client:
+        with self.client() as client:
             nodes = client.get("/api/v1/nodes").json().get("items", [])
         ready = [
             n for n in nodes
@@ -330,7 +331,7 @@ class Cluster:
         return len(ready) >= self.config.nodes
 
     def _default_service_account(self) -> bool:
-        with self._client() as client:
+        with self.client() as client:
             return client.get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200
 
     def _wait(self, check: Any, what: str, process: str, *, timeout: float) -> None:

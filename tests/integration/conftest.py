@@ -107,7 +107,9 @@ class OperatorProcess:
         self.starts += 1
         log = (self.log_dir / f"operator-{self.starts}.log").open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fleetpilot.cli", "operator", "run"],
+            # The console script, not `python -m`: from the repository root, `-m` would put the
+            # top-level operator/ folder on sys.path ahead of the standard library's `operator`.
+            [str(Path(sys.executable).parent / "fleetpilot"), "operator", "run"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "FLEETPILOT_RESYNC_SECONDS": "20"},
         )

@@ -47,12 +47,19 @@ FULL_SPEC: dict[str, Any] = {
         ],
     },
     "components": {
-        "frontend": {"replicas": 3, "router": {"policy": "least-loaded"},
-                     "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+        "frontend": {
+            "replicas": 3,
+            "router": {"policy": "least-loaded"},
+            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+        },
         "prefill": {"replicas": 2, "gpus": 2, "parallelism": {"tensor": 2}, "scaling": {"min": 2, "max": 6}},
-        "decode": {"replicas": 4, "gpus": 4, "parallelism": {"tensor": 2, "pipeline": 2},
-                   "args": ["--max-running-requests", "256"],
-                   "resources": {"requests": {"cpu": 16, "memory": "64Gi"}, "limits": {"memory": "80Gi"}}},
+        "decode": {
+            "replicas": 4,
+            "gpus": 4,
+            "parallelism": {"tensor": 2, "pipeline": 2},
+            "args": ["--max-running-requests", "256"],
+            "resources": {"requests": {"cpu": 16, "memory": "64Gi"}, "limits": {"memory": "80Gi"}},
+        },
     },
     "podTemplate": {
         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
@@ -78,6 +85,7 @@ FULL_SPEC: dict[str, Any] = {
 
 # -- camelCase wire names ----------------------------------------------------------------------------
 
+
 def test_full_graph_parses_camel_case_fields() -> None:
     """Every camelCase wire name lands in the matching snake_case attribute."""
     spec = parse(graph_body(**copy.deepcopy(FULL_SPEC))).spec
@@ -89,7 +97,10 @@ def test_full_graph_parses_camel_case_fields() -> None:
     assert spec.components.frontend.resources is not None
     assert spec.components.frontend.resources.requests == {"cpu": "500m", "memory": "1Gi"}
     assert spec.components.prefill is not None and spec.components.decode is not None
-    assert (spec.components.prefill.scaling.min_replicas, spec.components.prefill.scaling.max_replicas) == (2, 6)
+    assert (spec.components.prefill.scaling.min_replicas, spec.components.prefill.scaling.max_replicas) == (
+        2,
+        6,
+    )
     assert (spec.components.decode.parallelism.tensor, spec.components.decode.parallelism.pipeline) == (2, 2)
     assert spec.components.decode.args == ["--max-running-requests", "256"]
 
@@ -133,13 +144,20 @@ def test_dump_by_alias_round_trips_to_the_wire_form() -> None:
 def test_metadata_fields_are_read_and_unknown_metadata_is_ignored() -> None:
     """Real API objects carry resourceVersion, managedFields, ...; the operator reads only what it needs."""
     body = graph_body()
-    body["metadata"].update({
-        "resourceVersion": "123", "creationTimestamp": "2025-01-01T00:00:00Z",
-        "managedFields": [{"manager": "kubectl"}], "labels": {"env": "prod"},
-    })
-    body["status"] = {"observedGeneration": 3, "conditions": [
-        {"type": "Ready", "status": "True", "reason": "AllComponentsReady", "lastTransitionTime": "t0"}
-    ]}
+    body["metadata"].update(
+        {
+            "resourceVersion": "123",
+            "creationTimestamp": "2025-01-01T00:00:00Z",
+            "managedFields": [{"manager": "kubectl"}],
+            "labels": {"env": "prod"},
+        }
+    )
+    body["status"] = {
+        "observedGeneration": 3,
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "AllComponentsReady", "lastTransitionTime": "t0"}
+        ],
+    }
     graph = parse(body)
 
     assert (graph.metadata.name, graph.metadata.namespace) == ("llama", "inference")
@@ -151,8 +169,9 @@ def test_metadata_fields_are_read_and_unknown_metadata_is_ignored() -> None:
 
 # -- defaults ----------------------------------------------------------------------------------------
 
+
 def test_minimal_graph_gets_documented_defaults() -> None:
-    """Frontend 1 replica with prefix-aware routing; workers 1 replica, 1 GPU, 1x1 parallelism, scaling 1..8."""
+    """Frontend: 1 replica, prefix-aware. Workers: 1 replica, 1 GPU, 1x1 parallelism, scaling 1..8."""
     spec = parse(graph_body()).spec
 
     frontend = spec.components.frontend
@@ -177,10 +196,14 @@ def test_minimal_graph_gets_documented_defaults() -> None:
 
 def test_partial_sub_objects_are_completed_with_defaults() -> None:
     """Setting one field of a defaulted sub-object keeps the defaults of the others."""
-    spec = parse(graph_body(components={
-        "frontend": {"replicas": 2},
-        "aggregated": {"scaling": {"max": 3}, "parallelism": {"pipeline": 2}, "gpus": 2},
-    })).spec
+    spec = parse(
+        graph_body(
+            components={
+                "frontend": {"replicas": 2},
+                "aggregated": {"scaling": {"max": 3}, "parallelism": {"pipeline": 2}, "gpus": 2},
+            }
+        )
+    ).spec
 
     assert spec.components.frontend.router.policy == "prefix-aware"
     aggregated = spec.components.aggregated
@@ -198,6 +221,7 @@ def test_snake_case_names_are_accepted_too() -> None:
 
 
 # -- strictness --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("path", "typo"),
@@ -239,14 +263,23 @@ def test_snake_case_field_on_the_wire_is_not_confused_with_a_typo() -> None:
     [
         ({"engine": {"framework": "tensorflow"}}, ("spec", "engine", "framework")),
         ({"model": {"name": ""}}, ("spec", "model", "name")),
-        ({"components": {"decode": {"parallelism": {"tensor": 0}}, "prefill": {}}},
-         ("spec", "components", "decode", "parallelism", "tensor")),
+        (
+            {"components": {"decode": {"parallelism": {"tensor": 0}}, "prefill": {}}},
+            ("spec", "components", "decode", "parallelism", "tensor"),
+        ),
         ({"components": {"decode": {"gpus": 65}, "prefill": {}}}, ("spec", "components", "decode", "gpus")),
-        ({"components": {"frontend": {"router": {"policy": "random"}}, "aggregated": {}}},
-         ("spec", "components", "frontend", "router", "policy")),
-        ({"planner": {"mode": "sla", "sla": {"ttftMs": 0, "itlMs": 10}}}, ("spec", "planner", "sla", "ttftMs")),
-        ({"engine": {"framework": "vllm", "image": "x", "env": [{"name": "1BAD"}]}},
-         ("spec", "engine", "env", 0, "name")),
+        (
+            {"components": {"frontend": {"router": {"policy": "random"}}, "aggregated": {}}},
+            ("spec", "components", "frontend", "router", "policy"),
+        ),
+        (
+            {"planner": {"mode": "sla", "sla": {"ttftMs": 0, "itlMs": 10}}},
+            ("spec", "planner", "sla", "ttftMs"),
+        ),
+        (
+            {"engine": {"framework": "vllm", "image": "x", "env": [{"name": "1BAD"}]}},
+            ("spec", "engine", "env", 0, "name"),
+        ),
     ],
 )
 def test_field_constraints_are_enforced(spec_change: dict[str, Any], location: tuple[Any, ...]) -> None:
@@ -266,12 +299,21 @@ def test_required_fields_are_reported() -> None:
 
 
 def test_component_spec_parses_scale_fields() -> None:
-    component = api.DynamoGraphComponent.model_validate({
-        "apiVersion": api.API_VERSION, "kind": api.COMPONENT_KIND,
-        "metadata": {"name": "llama-decode", "namespace": "inference"},
-        "spec": {"graph": "llama", "component": "decode", "replicas": 3, "minReplicas": 1, "maxReplicas": 8},
-        "status": {"replicas": 2, "readyReplicas": 1, "selector": "fleetpilot.dev/graph=llama"},
-    })
+    component = api.DynamoGraphComponent.model_validate(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.COMPONENT_KIND,
+            "metadata": {"name": "llama-decode", "namespace": "inference"},
+            "spec": {
+                "graph": "llama",
+                "component": "decode",
+                "replicas": 3,
+                "minReplicas": 1,
+                "maxReplicas": 8,
+            },
+            "status": {"replicas": 2, "readyReplicas": 1, "selector": "fleetpilot.dev/graph=llama"},
+        }
+    )
     assert (component.spec.replicas, component.spec.min_replicas, component.spec.max_replicas) == (3, 1, 8)
     assert component.status.ready_replicas == 1
     with pytest.raises(ValidationError):
@@ -280,10 +322,12 @@ def test_component_spec_parses_scale_fields() -> None:
 
 # -- ComponentsSpec.workers() ------------------------------------------------------------------------
 
+
 def test_workers_of_a_disaggregated_graph_are_prefill_then_decode() -> None:
     """Order is prefill, decode regardless of the order in the manifest; the frontend is not a worker."""
-    components = api.ComponentsSpec.model_validate({"decode": {"gpus": 2, "parallelism": {"tensor": 2}},
-                                                    "prefill": {"replicas": 3}})
+    components = api.ComponentsSpec.model_validate(
+        {"decode": {"gpus": 2, "parallelism": {"tensor": 2}}, "prefill": {"replicas": 3}}
+    )
     workers = components.workers()
 
     assert list(workers) == ["prefill", "decode"]
@@ -301,7 +345,7 @@ def test_workers_of_an_aggregated_graph() -> None:
 
 
 def test_workers_lists_every_pool_present_in_stable_order() -> None:
-    """With every pool set (the CRD forbids it, Python does not) the order is still prefill, decode, aggregated."""
+    """With every pool set (the CRD forbids it, Python does not): prefill, decode, aggregated."""
     components = api.ComponentsSpec.model_validate({"aggregated": {}, "decode": {}, "prefill": {}})
     assert list(components.workers()) == list(api.WORKER_COMPONENTS)
     assert api.ComponentsSpec().workers() == {}

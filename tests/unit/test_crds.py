@@ -28,6 +28,7 @@ COMPONENT_CRD_FILE = f"{api.GROUP}_{api.COMPONENT_PLURAL}.yaml"
 
 # -- helpers -----------------------------------------------------------------------------------------
 
+
 def openapi_schema(crd: dict[str, Any]) -> dict[str, Any]:
     """The single served version's openAPIV3Schema."""
     (version,) = crd["spec"]["versions"]
@@ -106,6 +107,7 @@ def component_crd(crds: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 # -- drift -------------------------------------------------------------------------------------------
 
+
 def test_committed_crds_match_the_generator() -> None:
     """crds/ holds exactly the files `fleetpilot crds` would write, byte for byte."""
     generated = cli._crd_files()
@@ -116,11 +118,17 @@ def test_committed_crds_match_the_generator() -> None:
     )
     for name, text in generated.items():
         if committed[name] != text:
-            diff = "".join(difflib.unified_diff(
-                committed[name].splitlines(keepends=True), text.splitlines(keepends=True),
-                fromfile=f"crds/{name} (committed)", tofile=f"crds/{name} (generated)",
-            ))
-            pytest.fail(f"crds/{name} drifted from fleetpilot/api/v1alpha1.py; run `fleetpilot crds`.\n{diff}")
+            diff = "".join(
+                difflib.unified_diff(
+                    committed[name].splitlines(keepends=True),
+                    text.splitlines(keepends=True),
+                    fromfile=f"crds/{name} (committed)",
+                    tofile=f"crds/{name} (generated)",
+                )
+            )
+            pytest.fail(
+                f"crds/{name} drifted from fleetpilot/api/v1alpha1.py; run `fleetpilot crds`.\n{diff}"
+            )
 
 
 def test_committed_crd_files_parse_to_the_generated_documents(crds: dict[str, dict[str, Any]]) -> None:
@@ -132,12 +140,15 @@ def test_committed_crd_files_parse_to_the_generated_documents(crds: dict[str, di
 
 
 def test_crds_check_command_detects_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`fleetpilot crds --check` passes on freshly written files and fails, naming the file, once one changes."""
+    """`fleetpilot crds --check` passes on fresh files and fails, naming the file, once one changes."""
     assert cli.main(["crds", "--out", str(tmp_path)]) == 0
     assert cli.main(["crds", "--check", "--out", str(tmp_path)]) == 0
 
     stale = tmp_path / GRAPH_CRD_FILE
-    stale.write_text(stale.read_text().replace("shortNames:\n    - dg", "shortNames:\n    - dgx"))
+    original = stale.read_text()
+    edited = original.replace("shortNames:\n    - dg\n", "shortNames:\n    - dgx\n")
+    assert edited != original
+    stale.write_text(edited)
     capsys.readouterr()
     assert cli.main(["crds", "--check", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
@@ -161,11 +172,14 @@ def test_generated_files_carry_the_do_not_edit_header() -> None:
 
 # -- structural schemas ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("name", "deep_field"),
     [(GRAPH_CRD_FILE, ".spec.planner.sla.ttftMs"), (COMPONENT_CRD_FILE, ".status.selector")],
 )
-def test_generated_schemas_are_structural(crds: dict[str, dict[str, Any]], name: str, deep_field: str) -> None:
+def test_generated_schemas_are_structural(
+    crds: dict[str, dict[str, Any]], name: str, deep_field: str
+) -> None:
     """No $ref/anyOf/title/null types; every node typed unless int-or-string or preserve-unknown."""
     schema = openapi_schema(crds[name])
     visited = {path for path, _ in schema_nodes(schema)}
@@ -222,9 +236,13 @@ def test_camel_case_wire_names(graph_schema: dict[str, Any]) -> None:
 def test_defaulted_sub_objects_carry_their_defaults(graph_schema: dict[str, Any]) -> None:
     """Always-present sub-objects spell out their defaults so CEL rules see the fields."""
     assert node_at(graph_schema, "spec.components.decode.scaling")["default"] == {"min": 1, "max": 8}
-    assert node_at(graph_schema, "spec.components.decode.parallelism")["default"] == {"tensor": 1, "pipeline": 1}
+    assert node_at(graph_schema, "spec.components.decode.parallelism")["default"] == {
+        "tensor": 1,
+        "pipeline": 1,
+    }
     assert node_at(graph_schema, "spec.components.frontend")["default"] == {
-        "replicas": 1, "router": {"policy": "prefix-aware"},
+        "replicas": 1,
+        "router": {"policy": "prefix-aware"},
     }
     assert node_at(graph_schema, "spec.planner")["default"]["mode"] == "off"
 
@@ -241,11 +259,20 @@ def test_several_non_null_branches_are_refused() -> None:
 
 # -- CEL validation rules ----------------------------------------------------------------------------
 
+
 def test_cel_prefill_decode_or_aggregated(graph_schema: dict[str, Any]) -> None:
     rules = cel_rules(node_at(graph_schema, "spec.components"))
     assert any(
-        all(term in rule for term in ("has(self.prefill)", "has(self.decode)", "!has(self.aggregated)",
-                                      "!has(self.prefill)", "!has(self.decode)"))
+        all(
+            term in rule
+            for term in (
+                "has(self.prefill)",
+                "has(self.decode)",
+                "!has(self.aggregated)",
+                "!has(self.prefill)",
+                "!has(self.decode)",
+            )
+        )
         for rule in rules
     ), rules
 
@@ -296,6 +323,7 @@ def test_component_graph_and_component_are_immutable(component_crd: dict[str, An
 
 
 # -- subresources and printer columns ----------------------------------------------------------------
+
 
 def test_component_crd_has_scale_subresource(component_crd: dict[str, Any]) -> None:
     """`kubectl scale`, HPAs and the planner scale a DynamoGraphComponent through /scale."""

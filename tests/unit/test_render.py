@@ -32,6 +32,7 @@ GPU = "nvidia.com/gpu"
 
 # -- sample graphs -----------------------------------------------------------------------------------
 
+
 def graph_dict(name: str, namespace: str, uid: str, generation: int, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": api.API_VERSION,
@@ -41,55 +42,86 @@ def graph_dict(name: str, namespace: str, uid: str, generation: int, spec: dict[
     }
 
 
-VLLM_DISAGG = graph_dict("llama-disagg", "inference", "uid-graph-llama-disagg", 3, {
-    "model": {"name": "meta-llama/Llama-3.1-70B-Instruct", "servedName": "llama-70b"},
-    "engine": {
-        "framework": "vllm",
-        "image": "vllm/vllm-openai:v0.9.1",
-        "args": ["--max-model-len", "16384"],
-        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}],
+VLLM_DISAGG = graph_dict(
+    "llama-disagg",
+    "inference",
+    "uid-graph-llama-disagg",
+    3,
+    {
+        "model": {"name": "meta-llama/Llama-3.1-70B-Instruct", "servedName": "llama-70b"},
+        "engine": {
+            "framework": "vllm",
+            "image": "vllm/vllm-openai:v0.9.1",
+            "args": ["--max-model-len", "16384"],
+            "env": [
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+            ],
+        },
+        "components": {
+            "frontend": {"replicas": 2},
+            "prefill": {"replicas": 2, "scaling": {"min": 1, "max": 6}},
+            "decode": {
+                "replicas": 1,
+                "gpus": 2,
+                "parallelism": {"tensor": 2},
+                "scaling": {"min": 1, "max": 4},
+                "args": ["--gpu-memory-utilization", "0.92"],
+            },
+        },
+        "podTemplate": {
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "labels": {"team": "inference"},
+            "annotations": {"prometheus.io/scrape": "true"},
+        },
     },
-    "components": {
-        "frontend": {"replicas": 2},
-        "prefill": {"replicas": 2, "scaling": {"min": 1, "max": 6}},
-        "decode": {"replicas": 1, "gpus": 2, "parallelism": {"tensor": 2}, "scaling": {"min": 1, "max": 4},
-                   "args": ["--gpu-memory-utilization", "0.92"]},
-    },
-    "podTemplate": {
-        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "labels": {"team": "inference"},
-        "annotations": {"prometheus.io/scrape": "true"},
-    },
-})
+)
 
-SGLANG_AGG = graph_dict("qwen-agg", "serving", "uid-graph-qwen-agg", 1, {
-    "model": {"name": "Qwen/Qwen2.5-32B-Instruct"},
-    "engine": {"framework": "sglang", "image": "lmsysorg/sglang:v0.4.6"},
-    "components": {
-        "frontend": {"router": {"policy": "round-robin"},
-                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}},
-        "aggregated": {"replicas": 2, "gpus": 4, "parallelism": {"tensor": 4},
-                       "resources": {"requests": {"cpu": 16, "memory": "128Gi"}}},
+SGLANG_AGG = graph_dict(
+    "qwen-agg",
+    "serving",
+    "uid-graph-qwen-agg",
+    1,
+    {
+        "model": {"name": "Qwen/Qwen2.5-32B-Instruct"},
+        "engine": {"framework": "sglang", "image": "lmsysorg/sglang:v0.4.6"},
+        "components": {
+            "frontend": {
+                "router": {"policy": "round-robin"},
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+            },
+            "aggregated": {
+                "replicas": 2,
+                "gpus": 4,
+                "parallelism": {"tensor": 4},
+                "resources": {"requests": {"cpu": 16, "memory": "128Gi"}},
+            },
+        },
+        "podTemplate": {
+            "serviceAccountName": "inference-runner",
+            "imagePullSecrets": ["regcred"],
+            "priorityClassName": "inference-high",
+            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "model-cache"}}],
+            "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+        },
     },
-    "podTemplate": {
-        "serviceAccountName": "inference-runner",
-        "imagePullSecrets": ["regcred"],
-        "priorityClassName": "inference-high",
-        "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "model-cache"}}],
-        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
-    },
-})
+)
 
-SIM_DISAGG = graph_dict("sim-disagg", "default", "uid-graph-sim-disagg", 7, {
-    "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-    "engine": {"framework": "simulator"},
-    "components": {
-        "prefill": {},
-        "decode": {"replicas": 3, "scaling": {"min": 2, "max": 10}},
+SIM_DISAGG = graph_dict(
+    "sim-disagg",
+    "default",
+    "uid-graph-sim-disagg",
+    7,
+    {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "engine": {"framework": "simulator"},
+        "components": {
+            "prefill": {},
+            "decode": {"replicas": 3, "scaling": {"min": 2, "max": 10}},
+        },
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 25}, "intervalSeconds": 30},
     },
-    "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 25}, "intervalSeconds": 30},
-})
+)
 
 SAMPLES = {"vllm-disagg": VLLM_DISAGG, "sglang-agg": SGLANG_AGG, "sim-disagg": SIM_DISAGG}
 
@@ -111,10 +143,14 @@ def owner_for(graph: api.DynamoGraph, component: str) -> render.OwnerRef:
     return render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, name, f"uid-{component}")
 
 
-def render_workload(graph: api.DynamoGraph, component: api.ComponentName, replicas: int | None = None) -> list[dict[str, Any]]:
+def render_workload(
+    graph: api.DynamoGraph, component: api.ComponentName, replicas: int | None = None
+) -> list[dict[str, Any]]:
     if replicas is None:
         replicas = render.effective_replicas(graph, component, render.initial_replicas(graph, component))
-    return render.workload(graph, component, replicas=replicas, owner=owner_for(graph, component), settings=SETTINGS)
+    return render.workload(
+        graph, component, replicas=replicas, owner=owner_for(graph, component), settings=SETTINGS
+    )
 
 
 def render_component(graph: api.DynamoGraph, component: api.ComponentName) -> list[dict[str, Any]]:
@@ -151,21 +187,30 @@ def all_sample_components() -> list[tuple[str, api.ComponentName]]:
 
 # -- golden files ------------------------------------------------------------------------------------
 
+
 def assert_matches_golden(file_name: str, rendered: str) -> None:
+    """Compare with golden/<file_name>, or rewrite it when FLEETPILOT_UPDATE_GOLDEN=1."""
+    __tracebackhide__ = True
     path = GOLDEN_DIR / file_name
     if UPDATE_GOLDEN:
         GOLDEN_DIR.mkdir(exist_ok=True)
         path.write_text(rendered)
         return
     if not path.is_file():
-        pytest.fail(f"golden file {path} is missing; create it with "
-                    "FLEETPILOT_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py")
+        pytest.fail(
+            f"golden file {path} is missing; create it with "
+            "FLEETPILOT_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py"
+        )
     expected = path.read_text()
     if rendered != expected:
-        diff = "".join(difflib.unified_diff(
-            expected.splitlines(keepends=True), rendered.splitlines(keepends=True),
-            fromfile=f"golden/{file_name}", tofile="rendered",
-        ))
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                rendered.splitlines(keepends=True),
+                fromfile=f"golden/{file_name}",
+                tofile="rendered",
+            )
+        )
         pytest.fail(
             f"rendered manifests differ from golden/{file_name}:\n{diff}\n"
             "If the change is intended, regenerate with "
@@ -181,7 +226,9 @@ def golden_file_name(sample: str, component: str) -> str:
 def test_render_matches_golden(sample: str, component: api.ComponentName) -> None:
     """The full output for each sample component is pinned (DynamoGraphComponent + workload)."""
     graph = parse(SAMPLES[sample])
-    assert_matches_golden(golden_file_name(sample, component), yamlio.dump_all(render_component(graph, component)))
+    assert_matches_golden(
+        golden_file_name(sample, component), yamlio.dump_all(render_component(graph, component))
+    )
 
 
 def test_no_stale_golden_files() -> None:
@@ -203,13 +250,19 @@ def test_golden_files_are_valid_yaml_streams(sample: str, component: str) -> Non
 
 # -- labels and selectors ----------------------------------------------------------------------------
 
+
 def graph_with_hostile_labels() -> api.DynamoGraph:
     """A graph whose podTemplate.labels try to take over the selector labels."""
-    return with_spec(VLLM_DISAGG, podTemplate={"labels": {
-        render.LABEL_GRAPH: "someone-else",
-        render.LABEL_COMPONENT: "decode",
-        "team": "inference",
-    }})
+    return with_spec(
+        VLLM_DISAGG,
+        podTemplate={
+            "labels": {
+                render.LABEL_GRAPH: "someone-else",
+                render.LABEL_COMPONENT: "decode",
+                "team": "inference",
+            }
+        },
+    )
 
 
 @pytest.mark.parametrize("component", ["frontend", "prefill", "decode"])
@@ -229,7 +282,9 @@ def test_selector_is_a_subset_of_pod_labels_despite_user_labels(component: api.C
 
 
 @pytest.mark.parametrize(("sample", "component"), all_sample_components())
-def test_selector_is_a_subset_of_pod_labels_for_every_sample(sample: str, component: api.ComponentName) -> None:
+def test_selector_is_a_subset_of_pod_labels_for_every_sample(
+    sample: str, component: api.ComponentName
+) -> None:
     deployment = one(render_workload(parse(SAMPLES[sample]), component), "Deployment")
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
@@ -238,8 +293,10 @@ def test_selector_is_a_subset_of_pod_labels_for_every_sample(sample: str, compon
 def test_selectors_of_different_components_do_not_overlap() -> None:
     """A component's selector never matches another component's pods."""
     graph = parse(VLLM_DISAGG)
-    pods = {c: one(render_workload(graph, c), "Deployment")["spec"]["template"]["metadata"]["labels"]
-            for c in render.components_of(graph)}
+    pods = {
+        c: one(render_workload(graph, c), "Deployment")["spec"]["template"]["metadata"]["labels"]
+        for c in render.components_of(graph)
+    }
     for component in pods:
         selector = render.selector_labels(graph.metadata.name, component)
         matched = [other for other, labels in pods.items() if selector.items() <= labels.items()]
@@ -248,9 +305,10 @@ def test_selectors_of_different_components_do_not_overlap() -> None:
 
 # -- resources ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("sample", "component"), [
-    (s, c) for s, c in all_sample_components() if c != "frontend"
-])
+
+@pytest.mark.parametrize(
+    ("sample", "component"), [(s, c) for s, c in all_sample_components() if c != "frontend"]
+)
 def test_gpu_requests_equal_limits_equal_worker_gpus(sample: str, component: api.ComponentName) -> None:
     graph = parse(SAMPLES[sample])
     gpus = graph.spec.components.workers()[component].gpus
@@ -259,7 +317,9 @@ def test_gpu_requests_equal_limits_equal_worker_gpus(sample: str, component: api
 
 
 def test_decode_with_tensor_parallel_two_gets_two_gpus() -> None:
-    resources = engine_container(one(render_workload(parse(VLLM_DISAGG), "decode"), "Deployment"))["resources"]
+    resources = engine_container(one(render_workload(parse(VLLM_DISAGG), "decode"), "Deployment"))[
+        "resources"
+    ]
     assert resources["requests"][GPU] == 2
 
 
@@ -267,7 +327,8 @@ def test_gpu_count_comes_from_gpus_not_from_resources() -> None:
     """A GPU figure in resources is overridden by `gpus`, so requests and limits can never disagree."""
     body = copy.deepcopy(SGLANG_AGG)
     body["spec"]["components"]["aggregated"]["resources"] = {
-        "requests": {GPU: 1, "cpu": 8}, "limits": {GPU: 8, "memory": "100Gi"},
+        "requests": {GPU: 1, "cpu": 8},
+        "limits": {GPU: 8, "memory": "100Gi"},
     }
     resources = engine_container(one(render_workload(parse(body), "aggregated"), "Deployment"))["resources"]
     assert resources["requests"] == {GPU: 4, "cpu": 8}
@@ -276,7 +337,9 @@ def test_gpu_count_comes_from_gpus_not_from_resources() -> None:
 
 def test_frontend_requests_no_gpu_and_merges_user_resources() -> None:
     """The frontend gets the operator's CPU/memory defaults, overridden by the user's, and no GPU."""
-    default = engine_container(one(render_workload(parse(VLLM_DISAGG), "frontend"), "Deployment"))["resources"]
+    default = engine_container(one(render_workload(parse(VLLM_DISAGG), "frontend"), "Deployment"))[
+        "resources"
+    ]
     assert default == {"requests": dict(SETTINGS.frontend_requests)}
 
     custom = engine_container(one(render_workload(parse(SGLANG_AGG), "frontend"), "Deployment"))["resources"]
@@ -285,8 +348,11 @@ def test_frontend_requests_no_gpu_and_merges_user_resources() -> None:
 
 # -- ownership ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("sample", "component"), all_sample_components())
-def test_every_workload_object_is_controlled_by_its_component(sample: str, component: api.ComponentName) -> None:
+def test_every_workload_object_is_controlled_by_its_component(
+    sample: str, component: api.ComponentName
+) -> None:
     graph = parse(SAMPLES[sample])
     owner = owner_for(graph, component)
     for obj in render_workload(graph, component):
@@ -300,14 +366,21 @@ def test_every_workload_object_is_controlled_by_its_component(sample: str, compo
 @pytest.mark.parametrize(("sample", "component"), all_sample_components())
 def test_component_object_is_controlled_by_the_graph(sample: str, component: api.ComponentName) -> None:
     graph = parse(SAMPLES[sample])
-    (reference,) = render.component_object(graph, component, with_replicas=True)["metadata"]["ownerReferences"]
+    (reference,) = render.component_object(graph, component, with_replicas=True)["metadata"][
+        "ownerReferences"
+    ]
     assert reference == {
-        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND, "name": graph.metadata.name,
-        "uid": graph.metadata.uid, "controller": True, "blockOwnerDeletion": True,
+        "apiVersion": api.API_VERSION,
+        "kind": api.GRAPH_KIND,
+        "name": graph.metadata.name,
+        "uid": graph.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
     }
 
 
 # -- engine flags ------------------------------------------------------------------------------------
+
 
 def test_vllm_disaggregated_workers_use_nixl_connector() -> None:
     graph = parse(VLLM_DISAGG)
@@ -347,8 +420,14 @@ def sglang_disaggregated() -> api.DynamoGraph:
 def test_sglang_prefill_is_in_prefill_mode_with_bootstrap_port() -> None:
     container = engine_container(one(render_workload(sglang_disaggregated(), "prefill"), "Deployment"))
     assert flag_value(container["args"], "--disaggregation-mode") == "prefill"
-    assert flag_value(container["args"], "--disaggregation-bootstrap-port") == str(render.SGLANG_BOOTSTRAP_PORT)
-    assert {"name": "bootstrap", "containerPort": render.SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"} in container["ports"]
+    assert flag_value(container["args"], "--disaggregation-bootstrap-port") == str(
+        render.SGLANG_BOOTSTRAP_PORT
+    )
+    assert {
+        "name": "bootstrap",
+        "containerPort": render.SGLANG_BOOTSTRAP_PORT,
+        "protocol": "TCP",
+    } in container["ports"]
 
 
 def test_sglang_decode_is_in_decode_mode_without_bootstrap_port() -> None:
@@ -365,8 +444,11 @@ def test_sglang_aggregated_has_no_disaggregation_flags() -> None:
 
 
 def trtllm_graph(components: dict[str, Any]) -> api.DynamoGraph:
-    return with_spec(VLLM_DISAGG, engine={"framework": "trtllm", "image": "nvcr.io/nvidia/tensorrt-llm:1.0"},
-                     components=components)
+    return with_spec(
+        VLLM_DISAGG,
+        engine={"framework": "trtllm", "image": "nvcr.io/nvidia/tensorrt-llm:1.0"},
+        components=components,
+    )
 
 
 @pytest.mark.parametrize("component", ["prefill", "decode"])
@@ -379,8 +461,11 @@ def test_trtllm_disaggregated_renders_and_mounts_its_config_map(component: api.C
 
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    (volume_name,) = [name for name, v in volumes.items()
-                      if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]]
+    (volume_name,) = [
+        name
+        for name, v in volumes.items()
+        if v.get("configMap", {}).get("name") == config_map["metadata"]["name"]
+    ]
     mount_path = mounts[volume_name]["mountPath"]
     (key,) = config_map["data"]
     assert flag_value(container["args"], "--extra_llm_api_options") == f"{mount_path}/{key}"
@@ -406,13 +491,16 @@ def test_simulator_needs_no_engine_image_and_no_shared_memory() -> None:
 
 def test_frontend_mode_follows_the_graph_shape() -> None:
     def mode(graph: api.DynamoGraph) -> str:
-        return flag_value(engine_container(one(render_workload(graph, "frontend"), "Deployment"))["args"], "--mode")
+        return flag_value(
+            engine_container(one(render_workload(graph, "frontend"), "Deployment"))["args"], "--mode"
+        )
 
     assert mode(parse(VLLM_DISAGG)) == "disaggregated"
     assert mode(parse(SGLANG_AGG)) == "aggregated"
 
 
 # -- frontend RBAC -----------------------------------------------------------------------------------
+
 
 def test_frontend_gets_its_own_service_account_and_pod_reader_role() -> None:
     graph = parse(VLLM_DISAGG)
@@ -444,14 +532,19 @@ def test_workers_get_no_rbac_and_no_service_account_by_default() -> None:
 
 # -- replicas ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("low", [0, 1, 3])
 @pytest.mark.parametrize("high", [3, 5, 8])
 def test_effective_replicas_clamps_to_scaling_bounds(low: int, high: int) -> None:
     """For every request, the result is the request clamped to [min, max] (exhaustive small grid)."""
-    graph = with_spec(SIM_DISAGG, components={
-        "prefill": {}, "decode": {"scaling": {"min": low, "max": high}},
-    })
-    for requested in range(0, 12):
+    graph = with_spec(
+        SIM_DISAGG,
+        components={
+            "prefill": {},
+            "decode": {"scaling": {"min": low, "max": high}},
+        },
+    )
+    for requested in range(12):
         effective = render.effective_replicas(graph, "decode", requested)
         assert low <= effective <= high, requested
         assert effective == min(max(requested, low), high), requested
@@ -466,21 +559,31 @@ def test_effective_replicas_of_frontend_is_unbounded() -> None:
 
 
 def test_deployment_runs_the_replicas_it_is_given() -> None:
-    assert one(render_workload(parse(SIM_DISAGG), "decode", replicas=5), "Deployment")["spec"]["replicas"] == 5
+    assert (
+        one(render_workload(parse(SIM_DISAGG), "decode", replicas=5), "Deployment")["spec"]["replicas"] == 5
+    )
 
 
 def test_component_object_with_replicas_carries_initial_replicas_and_bounds() -> None:
     graph = parse(SIM_DISAGG)
     assert render.component_object(graph, "decode", with_replicas=True)["spec"] == {
-        "graph": "sim-disagg", "component": "decode", "replicas": 3, "minReplicas": 2, "maxReplicas": 10,
+        "graph": "sim-disagg",
+        "component": "decode",
+        "replicas": 3,
+        "minReplicas": 2,
+        "maxReplicas": 10,
     }
     assert render.component_object(graph, "frontend", with_replicas=True)["spec"] == {
-        "graph": "sim-disagg", "component": "frontend", "replicas": 1,
+        "graph": "sim-disagg",
+        "component": "frontend",
+        "replicas": 1,
     }
 
 
 @pytest.mark.parametrize(("sample", "component"), all_sample_components())
-def test_component_object_without_replicas_leaves_them_to_others(sample: str, component: api.ComponentName) -> None:
+def test_component_object_without_replicas_leaves_them_to_others(
+    sample: str, component: api.ComponentName
+) -> None:
     """After creation the planner/HPA owns spec.replicas, so the operator's apply must not send it."""
     graph = parse(SAMPLES[sample])
     created = render.component_object(graph, component, with_replicas=True)
@@ -492,15 +595,19 @@ def test_component_object_without_replicas_leaves_them_to_others(sample: str, co
 
 # -- services ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("sample", "component"), all_sample_components())
-def test_worker_services_are_headless_and_frontend_service_is_not(sample: str, component: api.ComponentName) -> None:
+def test_worker_services_are_headless_and_frontend_service_is_not(
+    sample: str, component: api.ComponentName
+) -> None:
     service = one(render_workload(parse(SAMPLES[sample]), component), "Service")
     if component == "frontend":
         assert "clusterIP" not in service["spec"]
     else:
         assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["ports"] == [{"name": "http", "port": render.HTTP_PORT, "targetPort": "http",
-                                         "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": render.HTTP_PORT, "targetPort": "http", "protocol": "TCP"}
+    ]
 
 
 def test_endpoint_points_at_the_frontend_service() -> None:
@@ -508,6 +615,7 @@ def test_endpoint_points_at_the_frontend_service() -> None:
 
 
 # -- determinism and purity --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("sample", list(SAMPLES))
 def test_rendering_is_deterministic(sample: str) -> None:

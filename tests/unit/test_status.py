@@ -1,0 +1,461 @@
+"""Aggregating Deployments, Pods and Nodes into a DynamoGraph's status and conditions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.operator import status
+
+GPU = "nvidia.com/gpu"
+GENERATION = 5
+
+
+# -- builders ----------------------------------------------------------------------------------------
+
+
+def container(
+    gpus: int | None = None, *, limits_only: bool = False, as_string: bool = False
+) -> dict[str, Any]:
+    """A container asking for `gpus` GPUs (in requests and limits, or limits only, as the API allows)."""
+    resources: dict[str, Any] = {}
+    if gpus is not None:
+        value: int | str = str(gpus) if as_string else gpus
+        resources = (
+            {"limits": {GPU: value}} if limits_only else {"requests": {GPU: value}, "limits": {GPU: value}}
+        )
+    return {"name": "c", "image": "img", "resources": resources}
+
+
+def pod(
+    *containers: dict[str, Any],
+    init: tuple[dict[str, Any], ...] = (),
+    node: str | None = None,
+    phase: str = "Running",
+    unschedulable: bool = False,
+    scheduler_message: str = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+    deleting: bool = False,
+    name: str = "p",
+) -> dict[str, Any]:
+    """A Pod; `unschedulable` gives it the PodScheduled=False/Unschedulable condition the scheduler writes."""
+    spec: dict[str, Any] = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = list(init)
+    if node is not None:
+        spec["nodeName"] = node
+    pod_status: dict[str, Any] = {"phase": "Pending" if unschedulable else phase}
+    if unschedulable:
+        pod_status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": scheduler_message,
+            }
+        ]
+    metadata: dict[str, Any] = {"name": name, "namespace": "inference"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    return {"metadata": metadata, "spec": spec, "status": pod_status}
+
+
+def gpu_pod(gpus: int, **kwargs: Any) -> dict[str, Any]:
+    return pod(container(gpus), **kwargs)
+
+
+def node(name: str, gpus: int, *, cordoned: bool = False, as_string: bool = True) -> dict[str, Any]:
+    """A Node with `gpus` allocatable (as the API writes it: a string quantity)."""
+    return {
+        "metadata": {"name": name},
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {"allocatable": {GPU: str(gpus) if as_string else gpus, "cpu": "64"}},
+    }
+
+
+def deployment(
+    desired: int,
+    ready: int | None = None,
+    *,
+    updated: int | None = None,
+    generation: int = 2,
+    observed_generation: int | None = None,
+) -> dict[str, Any]:
+    """A Deployment whose status reports `ready` of `desired` (default: all) and a finished rollout."""
+    ready = desired if ready is None else ready
+    updated = desired if updated is None else updated
+    return {
+        "metadata": {"name": "d", "generation": generation},
+        "spec": {"replicas": desired},
+        "status": {
+            "observedGeneration": generation if observed_generation is None else observed_generation,
+            "replicas": desired,
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+        },
+    }
+
+
+def component(
+    name: str,
+    desired: int,
+    ready: int | None = None,
+    *,
+    clamped_from: int | None = None,
+    **deployment_args: Any,
+) -> status.ComponentObservation:
+    """A component observation whose Deployment reports `ready` of `desired` replicas."""
+    return status.ComponentObservation(
+        name=name,
+        desired=desired,
+        deployment=deployment(desired, ready, **deployment_args),
+        clamped_from=clamped_from,
+    )
+
+
+def healthy_components() -> list[status.ComponentObservation]:
+    return [component("frontend", 1), component("prefill", 2), component("decode", 2)]
+
+
+def observe(components: list[status.ComponentObservation], **kwargs: Any) -> status.Observation:
+    return status.Observation(generation=GENERATION, components=components, **kwargs)
+
+
+def by_type(conditions: list[api.Condition]) -> dict[str, api.Condition]:
+    return {c.type: c for c in conditions}
+
+
+def cond(type_: str, status_: str, reason: str = "R", time: str | None = None) -> api.Condition:
+    return api.Condition(type=type_, status=status_, reason=reason, last_transition_time=time)  # type: ignore[arg-type]
+
+
+# -- gpu_request -------------------------------------------------------------------------------------
+
+
+def test_gpu_request_sums_containers() -> None:
+    assert status.gpu_request(pod(container(2), container(1), container())) == 3
+
+
+def test_gpu_request_of_a_pod_without_gpus_is_zero() -> None:
+    assert status.gpu_request(pod(container())) == 0
+    assert status.gpu_request({"metadata": {"name": "bare"}}) == 0
+
+
+def test_gpu_request_falls_back_to_limits() -> None:
+    """Extended resources given only as limits are requested at the limit (apiserver defaulting)."""
+    assert status.gpu_request(pod(container(4, limits_only=True))) == 4
+
+
+def test_gpu_request_parses_string_quantities() -> None:
+    assert status.gpu_request(pod(container(2, as_string=True), container(2))) == 4
+
+
+@pytest.mark.parametrize(
+    ("containers", "init_containers", "expected"),
+    [
+        ((2,), (4,), 4),  # an init container larger than the app containers sets the request
+        ((2, 2), (3,), 4),  # app containers' sum wins when larger
+        ((1,), (3, 2), 3),  # init containers run one at a time: their max, not their sum
+        ((), (2,), 2),
+        ((4,), (), 4),
+    ],
+)
+def test_gpu_request_init_containers_max_rule(
+    containers: tuple[int, ...], init_containers: tuple[int, ...], expected: int
+) -> None:
+    """Effective request = max(sum of containers, max of init containers), as the scheduler computes it."""
+    subject = pod(*(container(g) for g in containers), init=tuple(container(g) for g in init_containers))
+    assert status.gpu_request(subject) == expected
+
+
+# -- gpu_capacity ------------------------------------------------------------------------------------
+
+
+def test_gpu_capacity_subtracts_bound_pods() -> None:
+    nodes = [node("a", 8), node("b", 8)]
+    pods = [gpu_pod(4, node="a"), gpu_pod(2, node="a"), gpu_pod(1, node="b")]
+    assert status.gpu_capacity(nodes, pods) == status.GpuCapacity(free=9, total=16, largest_node=8)
+
+
+def test_gpu_capacity_excludes_unschedulable_nodes_and_their_pods() -> None:
+    """A cordoned node adds no capacity, even when it is the biggest, and its pods use none."""
+    nodes = [node("big", 16, cordoned=True), node("a", 8)]
+    pods = [gpu_pod(8, node="big"), gpu_pod(2, node="a")]
+    assert status.gpu_capacity(nodes, pods) == status.GpuCapacity(free=6, total=8, largest_node=8)
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_gpu_capacity_ignores_finished_pods(phase: str) -> None:
+    nodes = [node("a", 8)]
+    pods = [gpu_pod(4, node="a", phase=phase), gpu_pod(1, node="a", phase="Running")]
+    assert status.gpu_capacity(nodes, pods).free == 7
+
+
+def test_gpu_capacity_counts_pending_but_bound_pods() -> None:
+    """A pod bound to a node holds its GPUs even before it runs."""
+    assert status.gpu_capacity([node("a", 8)], [gpu_pod(3, node="a", phase="Pending")]).free == 5
+
+
+def test_gpu_capacity_ignores_pods_on_unknown_or_no_nodes() -> None:
+    nodes = [node("a", 8)]
+    pods = [gpu_pod(4, node="gone"), gpu_pod(4), gpu_pod(2, node="a")]
+    assert status.gpu_capacity(nodes, pods) == status.GpuCapacity(free=6, total=8, largest_node=8)
+
+
+def test_gpu_capacity_never_reports_negative_free() -> None:
+    assert status.gpu_capacity([node("a", 2)], [gpu_pod(4, node="a")]).free == 0
+
+
+def test_gpu_capacity_largest_node_and_gpu_less_nodes() -> None:
+    nodes = [
+        node("cpu", 0),
+        node("small", 4, as_string=False),
+        node("large", 8),
+        {"metadata": {"name": "bare"}},
+    ]
+    capacity = status.gpu_capacity(nodes, [])
+    assert capacity == status.GpuCapacity(free=12, total=12, largest_node=8)
+
+
+def test_gpu_capacity_of_no_nodes() -> None:
+    assert status.gpu_capacity([], [gpu_pod(1, node="a")]) == status.GpuCapacity(
+        free=0, total=0, largest_node=0
+    )
+
+
+# -- unschedulable -----------------------------------------------------------------------------------
+
+
+def test_unschedulable_returns_pods_the_scheduler_rejected() -> None:
+    stuck = gpu_pod(8, unschedulable=True, name="stuck")
+    waiting = gpu_pod(8, phase="Pending", name="not-yet-tried")
+    running = gpu_pod(8, node="a", name="running")
+    assert status.unschedulable([stuck, waiting, running]) == [stuck]
+
+
+def test_unschedulable_skips_pods_being_deleted_and_bound_pods() -> None:
+    deleting = gpu_pod(8, unschedulable=True, deleting=True)
+    bound_since = gpu_pod(8, unschedulable=True, node="a")  # stale condition, but the pod has a node now
+    assert status.unschedulable([deleting, bound_since]) == []
+
+
+def test_unschedulable_ignores_other_pod_scheduled_reasons() -> None:
+    gated = gpu_pod(8)
+    gated["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]
+    assert status.unschedulable([gated]) == []
+
+
+# -- conditions --------------------------------------------------------------------------------------
+
+
+def test_all_components_ready() -> None:
+    conditions = by_type(status.conditions(observe(healthy_components())))
+
+    assert list(conditions) == ["Ready", "Progressing", "Degraded"]
+    assert (conditions["Ready"].status, conditions["Ready"].reason) == ("True", "AllComponentsReady")
+    assert (conditions["Progressing"].status, conditions["Progressing"].reason) == (
+        "False",
+        "RolloutComplete",
+    )
+    assert (conditions["Degraded"].status, conditions["Degraded"].reason) == ("False", "AsExpected")
+    assert all(c.observed_generation == GENERATION for c in conditions.values())
+
+
+def test_component_with_fewer_ready_replicas_is_not_ready() -> None:
+    components = [component("frontend", 1), component("prefill", 2), component("decode", 2, ready=1)]
+    conditions = by_type(status.conditions(observe(components)))
+
+    ready = conditions["Ready"]
+    assert (ready.status, ready.reason) == ("False", "ComponentsNotReady")
+    assert "decode 1/2 ready" in ready.message
+    assert "prefill" not in ready.message
+    assert conditions["Progressing"].status == "True"
+    assert conditions["Degraded"].status == "False"
+
+
+def test_missing_deployment_is_not_ready() -> None:
+    components = [
+        component("frontend", 1),
+        status.ComponentObservation(name="decode", desired=2, deployment=None),
+    ]
+    ready = by_type(status.conditions(observe(components)))["Ready"]
+    assert (ready.status, ready.reason) == ("False", "ComponentsNotReady")
+    assert "decode 0/2 ready" in ready.message
+
+
+def test_unobserved_generation_is_still_rolling_out() -> None:
+    """All pods ready but the Deployment controller has not seen the newest spec: not Ready yet."""
+    components = [component("frontend", 1), component("decode", 2, generation=3, observed_generation=2)]
+    conditions = by_type(status.conditions(observe(components)))
+    assert conditions["Ready"].status == "False"
+    assert conditions["Ready"].message == "rolling out decode"
+    assert (conditions["Progressing"].status, conditions["Progressing"].reason) == ("True", "RollingOut")
+
+
+def stuck_decode_observation() -> status.Observation:
+    """Two decode pods needing 8 GPUs each (16) while the cluster has 8 free on 8-GPU nodes."""
+    stuck = [gpu_pod(8, unschedulable=True, name=f"decode-{i}") for i in range(2)]
+    running = gpu_pod(8, node="a", name="prefill-0")
+    capacity = status.gpu_capacity([node("a", 8), node("b", 8)], [running])
+    assert capacity == status.GpuCapacity(free=8, total=16, largest_node=8)
+    components = [component("frontend", 1), component("prefill", 1), component("decode", 2, ready=0)]
+    return observe(components, pods=[running, *stuck], capacity=capacity)
+
+
+def test_unschedulable_pods_degrade_the_graph_with_gpu_numbers() -> None:
+    conditions = by_type(status.conditions(stuck_decode_observation()))
+
+    degraded = conditions["Degraded"]
+    assert (degraded.status, degraded.reason) == ("True", "Unschedulable")
+    assert degraded.message.startswith("Unschedulable: needs 16 nvidia.com/gpu, 8 free")
+    assert "largest node" not in degraded.message  # each pod fits a node; the cluster is just full
+
+    ready = conditions["Ready"]
+    assert (ready.status, ready.reason) == ("False", "Unschedulable")
+    assert ready.message.startswith(degraded.message)
+    assert "decode 0/2 ready" in ready.message
+
+
+def test_pod_bigger_than_any_node_gets_advice() -> None:
+    stuck = gpu_pod(16, unschedulable=True)
+    capacity = status.gpu_capacity([node("a", 8), node("b", 8)], [])
+    observation = observe([component("decode", 1, ready=0)], pods=[stuck], capacity=capacity)
+    message = by_type(status.conditions(observation))["Degraded"].message
+
+    assert message.startswith("Unschedulable: needs 16 nvidia.com/gpu, 16 free")
+    assert "one pod needs 16 but the largest node has 8" in message
+
+
+def test_unschedulable_without_gpus_uses_the_scheduler_message() -> None:
+    stuck = pod(
+        container(), unschedulable=True, scheduler_message="0/3 nodes are available: 3 Insufficient cpu."
+    )
+    observation = observe(
+        [component("frontend", 1, ready=0)],
+        pods=[stuck],
+        capacity=status.GpuCapacity(free=8, total=8, largest_node=8),
+    )
+    degraded = by_type(status.conditions(observation))["Degraded"]
+    assert (degraded.status, degraded.reason) == ("True", "Unschedulable")
+    assert degraded.message == "Unschedulable: 0/3 nodes are available: 3 Insufficient cpu."
+
+
+def test_clamped_replicas_degrade_the_graph() -> None:
+    components = [component("frontend", 1), component("decode", 8, clamped_from=12)]
+    degraded = by_type(status.conditions(observe(components)))["Degraded"]
+    assert (degraded.status, degraded.reason) == ("True", "ReplicasOutOfBounds")
+    assert "asks for 12 replicas" in degraded.message and "running 8" in degraded.message
+
+
+def test_error_observation_degrades_with_its_reason() -> None:
+    observation = observe(
+        [], error=("NameConflict", "DynamoGraphComponent llama-decode is not owned by this graph")
+    )
+    conditions = by_type(status.conditions(observation))
+
+    for type_, expected in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True")):
+        assert conditions[type_].status == expected, type_
+        assert conditions[type_].reason == "NameConflict", type_
+        assert conditions[type_].message == "DynamoGraphComponent llama-decode is not owned by this graph"
+
+
+def test_error_wins_over_healthy_components() -> None:
+    observation = observe(healthy_components(), error=("InvalidSpec", "spec.engine: field required"))
+    conditions = by_type(status.conditions(observation))
+    assert (conditions["Degraded"].status, conditions["Degraded"].reason) == ("True", "InvalidSpec")
+    assert conditions["Ready"].status == "False"
+
+
+def test_component_status_summary_and_counts() -> None:
+    observed = component("decode", 3, ready=2, updated=3)
+    assert status.component_status(observed) == api.ComponentStatus(
+        desired=3, ready=2, updated=3, summary="2/3"
+    )
+
+
+# -- transition times --------------------------------------------------------------------------------
+
+NOW = "2025-06-01T12:00:00Z"
+EARLIER = "2025-06-01T08:00:00Z"
+
+
+def test_merge_keeps_time_when_status_is_unchanged() -> None:
+    previous = [cond("Ready", "True", "AllComponentsReady", EARLIER)]
+    (merged,) = status.merge_transition_times([cond("Ready", "True", "AllComponentsReady")], previous, NOW)
+    assert merged.last_transition_time == EARLIER
+
+
+def test_merge_keeps_time_when_only_the_reason_changes() -> None:
+    """lastTransitionTime tracks status changes, not reason or message changes (API conventions)."""
+    previous = [cond("Degraded", "True", "Unschedulable", EARLIER)]
+    (merged,) = status.merge_transition_times(
+        [cond("Degraded", "True", "ReplicasOutOfBounds")], previous, NOW
+    )
+    assert merged.last_transition_time == EARLIER
+
+
+def test_merge_uses_now_when_status_changes() -> None:
+    previous = [cond("Ready", "False", "ComponentsNotReady", EARLIER)]
+    (merged,) = status.merge_transition_times([cond("Ready", "True", "AllComponentsReady")], previous, NOW)
+    assert merged.last_transition_time == NOW
+
+
+def test_merge_uses_now_for_new_conditions_and_missing_times() -> None:
+    previous = [cond("Ready", "True", time=None)]
+    merged = by_type(
+        status.merge_transition_times([cond("Ready", "True"), cond("Degraded", "False")], previous, NOW)
+    )
+    assert merged["Ready"].last_transition_time == NOW
+    assert merged["Degraded"].last_transition_time == NOW
+
+
+def test_merge_keeps_order_and_does_not_modify_inputs() -> None:
+    new = [cond("Ready", "True"), cond("Progressing", "False"), cond("Degraded", "False")]
+    previous = [cond("Degraded", "False", time=EARLIER)]
+    merged = status.merge_transition_times(new, previous, NOW)
+    assert [c.type for c in merged] == ["Ready", "Progressing", "Degraded"]
+    assert [c.last_transition_time for c in merged] == [NOW, NOW, EARLIER]
+    assert all(c.last_transition_time is None for c in new)
+
+
+def test_graph_status_carries_times_components_and_endpoint() -> None:
+    previous = api.DynamoGraphStatus(conditions=[cond("Ready", "True", "AllComponentsReady", EARLIER)])
+    result = status.graph_status(
+        observe(healthy_components()), previous=previous, endpoint="http://g-frontend.ns.svc:8000/v1", now=NOW
+    )
+    conditions = by_type(result.conditions)
+    assert result.observed_generation == GENERATION
+    assert conditions["Ready"].last_transition_time == EARLIER
+    assert conditions["Degraded"].last_transition_time == NOW
+    assert result.components["decode"].summary == "2/2"
+    assert result.endpoint == "http://g-frontend.ns.svc:8000/v1"
+
+
+# -- transitions -------------------------------------------------------------------------------------
+
+
+def test_transitions_returns_only_changed_conditions() -> None:
+    previous = [
+        cond("Ready", "False", "ComponentsNotReady"),
+        cond("Progressing", "True", "RollingOut"),
+        cond("Degraded", "False", "AsExpected"),
+    ]
+    new = [
+        cond("Ready", "True", "AllComponentsReady"),
+        cond("Progressing", "True", "RollingOut"),
+        cond("Degraded", "False", "AsExpected"),
+    ]
+    assert [c.type for c in status.transitions(new, previous)] == ["Ready"]
+
+
+def test_transitions_counts_reason_changes_and_new_conditions() -> None:
+    previous = [cond("Degraded", "True", "Unschedulable")]
+    new = [cond("Degraded", "True", "ReplicasOutOfBounds"), cond("Ready", "False", "ComponentsNotReady")]
+    assert [c.type for c in status.transitions(new, previous)] == ["Degraded", "Ready"]
+
+
+def test_no_transitions_when_nothing_changed() -> None:
+    conditions = status.conditions(observe(healthy_components()))
+    assert status.transitions(conditions, conditions) == []
