@@ -118,7 +118,7 @@ def wait(check: Any, *, timeout: float, interval: float = 0.05) -> float:
 
 def start_operator(kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [str(Path(sys.executable).parent / "fleetpilot"), "operator", "run"],
+        [str(Path(sys.executable).parent / "fleetpilot"), "operator", "run", "--metrics-port", "0"],
         stdout=log.open("wb"), stderr=subprocess.STDOUT,
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
     )
@@ -154,6 +154,8 @@ def bench_latency(client: Api, kubeconfig: Path, runs: int, log_dir: Path) -> di
             baseline_times.append(time.monotonic() - start)
             client.delete_namespace(ns)
             client.delete_namespace(bns)
+            print(f"  run {i + 1}: operator {operator_times[-1]:.2f}s, baseline {baseline_times[-1]:.2f}s", flush=True)
+            wait(lambda ns=ns, bns=bns: not client.pods(ns) and not client.pods(bns), timeout=120)
     finally:
         operator.terminate()
         operator.wait(timeout=30)
@@ -193,6 +195,9 @@ def bench_cold_start(client: Api, kubeconfig: Path, graphs: int, log_dir: Path) 
         operator.terminate()
         operator.wait(timeout=30)
 
+    print(f"  operator: reconciled {t_reconciled:.1f}s, Ready {t_ready:.1f}s; baseline next", flush=True)
+    client.delete_namespace(ns)  # free the GPUs for the baseline
+    wait(lambda: not client.pods(ns), timeout=300, interval=0.5)
     bns = f"coldbase-{uuid.uuid4().hex[:6]}"
     client.namespace(bns)
     time.sleep(0.5)
@@ -201,7 +206,6 @@ def bench_cold_start(client: Api, kubeconfig: Path, graphs: int, log_dir: Path) 
         client.apply_objects(rendered_without_operator(f"g{i:03d}", bns))
     wait(lambda: running(client.pods(bns), 4 * graphs), timeout=600, interval=0.5)
     t_baseline = time.monotonic() - start
-    client.delete_namespace(ns)
     client.delete_namespace(bns)
     return {
         "graphs": graphs,

@@ -36,7 +36,9 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 def _cmd_operator(args: argparse.Namespace) -> int:
     from fleetpilot.operator import main as operator_main
 
-    return operator_main.run(namespaces=args.namespace, workers=args.workers, liveness=args.liveness)
+    return operator_main.run(
+        namespaces=args.namespace, workers=args.workers, liveness=args.liveness, metrics_port=args.metrics_port
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--namespace", "-n", action="append", default=[], help="watch only these (repeatable)")
     operator.add_argument("--workers", type=int, default=8, help="graphs reconciled concurrently")
     operator.add_argument("--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    operator.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
     operator.set_defaults(func=_cmd_operator)
 
     from fleetpilot.devcluster import cluster

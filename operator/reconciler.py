@@ -20,7 +20,7 @@ import pydantic
 
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import kube as kube_mod
-from fleetpilot.operator import render, status
+from fleetpilot.operator import metrics, render, status
 
 logger = logging.getLogger("fleetpilot.operator")
 
@@ -55,15 +55,6 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
-@dataclass
-class ReconcileStats:
-    """Counters the operator exports (and the benchmark reads)."""
-
-    reconciles: int = 0
-    errors: int = 0
-    applies: int = 0
-
-
 class GraphReconciler:
     def __init__(
         self,
@@ -79,7 +70,6 @@ class GraphReconciler:
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.max_backoff_seconds = max_backoff_seconds
-        self.stats = ReconcileStats()
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
         self._active: set[Key] = set()
@@ -106,6 +96,7 @@ class GraphReconciler:
         elif key not in self._queued:
             self._queued.add(key)
             self._queue.put_nowait(key)
+            metrics.QUEUE_DEPTH.set(len(self._queued))
 
     def _wake(self, key: Key) -> None:
         self._timers.pop(key, None)
@@ -128,22 +119,24 @@ class GraphReconciler:
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
+            metrics.QUEUE_DEPTH.set(len(self._queued))
             self._active.add(key)
             try:
-                await self.reconcile(*key)
+                with metrics.RECONCILE_SECONDS.time():
+                    await self.reconcile(*key)
+                metrics.RECONCILES.labels("ok").inc()
                 self._failures.pop(key, None)
                 self.enqueue(*key, after=self.resync_seconds)
             except Exception as error:  # noqa: BLE001 - a bad graph or a flaky API must never stop the operator
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                self.stats.errors += 1
+                metrics.RECONCILES.labels("error").inc()
                 delay = min(0.5 * 2 ** (failures - 1), self.max_backoff_seconds)
                 # The API saying no is routine (a namespace terminating, a webhook down): no traceback.
                 log = logger.warning if isinstance(error, kube_mod.ApiError) else logger.exception
                 log("reconcile %s/%s failed (attempt %d): %s; retrying in %.1fs", *key, failures, error, delay)
                 self.enqueue(*key, after=delay)
             finally:
-                self.stats.reconciles += 1
                 self._active.discard(key)
                 if key in self._dirty:
                     self._dirty.discard(key)
@@ -156,9 +149,11 @@ class GraphReconciler:
             body = await self.kube.get("DynamoGraph", namespace, name)
         except kube_mod.ApiError as error:
             if error.not_found:
+                metrics.forget_graph(namespace, name)
                 return  # deleted: the garbage collector removes what we owned
             raise
         if body["metadata"].get("deletionTimestamp"):
+            metrics.forget_graph(namespace, name)
             return
         try:
             graph = api.DynamoGraph.model_validate(body)
@@ -230,7 +225,7 @@ class GraphReconciler:
         if existing is None:
             try:
                 created = await self.kube.create(render.component_object(graph, component, with_replicas=True))
-                self.stats.applies += 1
+                metrics.APPLIES.labels(api.COMPONENT_KIND).inc()
                 return created
             except kube_mod.ApiError as error:
                 if not error.conflict:
@@ -245,7 +240,7 @@ class GraphReconciler:
         desired = render.component_object(graph, component, with_replicas=False)
         if not _subset(desired["spec"], existing["spec"]) or not _subset(desired["metadata"]["labels"],
                                                                           existing["metadata"].get("labels", {})):
-            self.stats.applies += 1
+            metrics.APPLIES.labels(api.COMPONENT_KIND).inc()
             return await self.kube.apply(desired)
         return existing
 
@@ -253,7 +248,7 @@ class GraphReconciler:
         """Apply a child we own; refuse to adopt an object somebody else made with the same name."""
         if existing is None:
             try:
-                self.stats.applies += 1
+                metrics.APPLIES.labels(manifest["kind"]).inc()
                 return await self.kube.create(manifest)
             except kube_mod.ApiError as error:
                 if not error.conflict:
@@ -265,7 +260,7 @@ class GraphReconciler:
                 f"{manifest['kind']} {manifest['metadata']['name']} exists and is not owned by this graph;"
                 " delete or rename it"
             )
-        self.stats.applies += 1
+        metrics.APPLIES.labels(manifest["kind"]).inc()
         return await self.kube.apply(manifest)
 
     async def _prune(
@@ -314,6 +309,11 @@ class GraphReconciler:
         except pydantic.ValidationError:
             previous = api.DynamoGraphStatus()
         new = status.graph_status(observation, previous=previous, endpoint=endpoint, now=now_rfc3339())
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        for condition in new.conditions:
+            for value in ("True", "False", "Unknown"):
+                metrics.GRAPH_CONDITION.labels(namespace, name, condition.type, value).set(
+                    1 if condition.status == value else 0)
         new_doc = new.model_dump(by_alias=True, exclude_none=True)
         old_doc = body.get("status") or {}
         ours = {k: old_doc.get(k) for k in new_doc}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,6 +95,13 @@ def crds(kubectl: Kubectl) -> None:
     kubectl.run("wait", "--for", "condition=Established", "crd", "--all", "--timeout=60s")
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 class OperatorProcess:
     """`fleetpilot operator run` as a child process that tests may kill and restart."""
 
@@ -102,6 +110,7 @@ class OperatorProcess:
         self.log_dir = log_dir
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.metrics_port = _free_port()
 
     def start(self) -> None:
         self.starts += 1
@@ -109,7 +118,8 @@ class OperatorProcess:
         self.process = subprocess.Popen(
             # The console script, not `python -m`: from the repository root, `-m` would put the
             # top-level operator/ folder on sys.path ahead of the standard library's `operator`.
-            [str(Path(sys.executable).parent / "fleetpilot"), "operator", "run"],
+            [str(Path(sys.executable).parent / "fleetpilot"), "operator", "run",
+             "--metrics-port", str(self.metrics_port)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "FLEETPILOT_RESYNC_SECONDS": "20"},
         )

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any
 
+import httpx
 import pytest
 
 from .conftest import Kubectl, OperatorProcess, condition, load_sample, wait_for
@@ -257,3 +258,18 @@ def test_restarting_the_operator_midway_leaves_exactly_one_of_each_child(
             assert len(found) == expected, f"{kind} of {name}: {[f['metadata']['name'] for f in found]}"
         assert len(kubectl.items("pods", namespace, selector)) == 4  # 1 frontend + 1 prefill + 2 decode
     assert operator.alive()
+
+
+def test_operator_exports_its_metrics(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    kubectl.apply(simulator_graph("observed"), namespace)
+    wait_for(lambda: ready(kubectl, namespace, "observed"), what="Ready")
+
+    def scrape() -> str:
+        return httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
+
+    text = wait_for(lambda: 'graph="observed"' in scrape() and scrape(), what="graph series")
+    ok = re.search(r'^fleetpilot_operator_reconciles_total\{result="ok"\} (\S+)$', text, re.M)
+    assert ok and float(ok[1]) >= 1
+    assert re.search(rf'fleetpilot_operator_graph_condition\{{graph="observed",namespace="{namespace}",'
+                     r'status="True",type="Ready"\} 1\.0', text), text[-2000:]
+    assert 'fleetpilot_operator_applies_total{kind="Deployment"}' in text

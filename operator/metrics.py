@@ -1,0 +1,30 @@
+"""The operator's own Prometheus metrics (`fleetpilot_operator_*`), served by `--metrics-port`."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILES = Counter(
+    "fleetpilot_operator_reconciles_total", "Graph reconciles, by result (ok or error).", ["result"]
+)
+RECONCILE_SECONDS = Histogram(
+    "fleetpilot_operator_reconcile_duration_seconds", "Time one graph reconcile took.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+APPLIES = Counter("fleetpilot_operator_applies_total", "Objects created or applied server-side, by kind.", ["kind"])
+QUEUE_DEPTH = Gauge("fleetpilot_operator_queue_depth", "Graphs waiting to be reconciled.")
+GRAPH_CONDITION = Gauge(
+    "fleetpilot_operator_graph_condition",
+    "1 when the graph's condition has the given status, per condition type.",
+    ["namespace", "graph", "type", "status"],
+)
+
+
+def forget_graph(namespace: str, graph: str) -> None:
+    """Drop a deleted graph's series so dashboards do not show ghosts."""
+    for type_ in ("Ready", "Progressing", "Degraded"):
+        for value in ("True", "False", "Unknown"):
+            try:
+                GRAPH_CONDITION.remove(namespace, graph, type_, value)
+            except KeyError:
+                pass
