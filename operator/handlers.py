@@ -14,8 +14,9 @@ from typing import Any
 
 import kopf
 
+from fleetpilot import kube
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.operator import kube, reconciler, render
+from fleetpilot.operator import reconciler, render
 
 CHILD_SELECTOR: dict[str, Any] = {
     render.LABEL_GRAPH: kopf.PRESENT,

@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import pydantic
 
+from fleetpilot import kube as kube_mod
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.operator import kube as kube_mod
 from fleetpilot.operator import metrics, render, status
 
 logger = logging.getLogger("fleetpilot.operator")

@@ -268,7 +268,7 @@ def test_operator_exports_its_metrics(kubectl: Kubectl, operator: OperatorProces
         return httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
 
     text = wait_for(lambda: 'graph="observed"' in scrape() and scrape(), what="graph series")
-    ok = re.search(r'^fleetpilot_operator_reconciles_total\{result="ok"\} (\S+)$', text, re.M)
+    ok = re.search(r'^fleetpilot_operator_reconciles_total\{result="ok"\} (\S+)$', text, re.MULTILINE)
     assert ok and float(ok[1]) >= 1
     assert re.search(rf'fleetpilot_operator_graph_condition\{{graph="observed",namespace="{namespace}",'
                      r'status="True",type="Ready"\} 1\.0', text), text[-2000:]

@@ -1,8 +1,8 @@
-"""A thin async Kubernetes REST adapter: get, list, create, server-side apply, delete, events.
+"""A thin async Kubernetes REST adapter: get, list, watch, create, server-side apply, delete, events.
 
-The reconciler's only door to the API. Credentials come from the `kubernetes` package's config
-loaders (kubeconfig or in-cluster, with token refresh); requests go through one pooled
-`httpx.AsyncClient`, so a reconcile never blocks the event loop or a thread.
+The operator's (and the frontend's worker discovery's) only door to the API. Credentials come
+from the `kubernetes` package's config loaders (kubeconfig or in-cluster, with token refresh);
+requests go through one pooled `httpx.AsyncClient`, so a reconcile never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import datetime
 import json
 import ssl
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,15 @@ class ApiError(Exception):
     @property
     def conflict(self) -> bool:
         return self.status == 409
+
+
+def _selectors(labels: dict[str, str] | None, field_selector: str | None) -> dict[str, str]:
+    params: dict[str, str] = {}
+    if labels:
+        params["labelSelector"] = ",".join(f"{k}={v}" for k, v in labels.items())
+    if field_selector:
+        params["fieldSelector"] = field_selector
+    return params
 
 
 def _load_configuration() -> k8s_client.Configuration:
@@ -143,13 +153,33 @@ class KubeApi:
         self, kind: str, namespace: str | None = None, *, labels: dict[str, str] | None = None,
         field_selector: str | None = None,
     ) -> list[Manifest]:
-        params: dict[str, str] = {}
-        if labels:
-            params["labelSelector"] = ",".join(f"{k}={v}" for k, v in labels.items())
-        if field_selector:
-            params["fieldSelector"] = field_selector
-        items: list[Manifest] = (await self._request("GET", KINDS[kind].path(namespace), params=params))["items"]
+        items: list[Manifest] = (await self.list_object(kind, namespace, labels=labels,
+                                                        field_selector=field_selector))["items"]
         return items
+
+    async def list_object(
+        self, kind: str, namespace: str | None = None, *, labels: dict[str, str] | None = None,
+        field_selector: str | None = None,
+    ) -> Manifest:
+        """The whole List, with metadata.resourceVersion to start a watch from."""
+        return await self._request("GET", KINDS[kind].path(namespace), params=_selectors(labels, field_selector))
+
+    async def watch(
+        self, kind: str, namespace: str | None, *, resource_version: str, labels: dict[str, str] | None = None,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[tuple[str, Manifest]]:
+        """(event type, object) pairs until the server ends the watch; the caller re-lists on error."""
+        params = {**_selectors(labels, None), "watch": "true", "resourceVersion": resource_version,
+                  "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
+        async with self._http.stream("GET", KINDS[kind].path(namespace), params=params, headers=self._headers(),
+                                     timeout=httpx.Timeout(timeout_seconds + 30, connect=5.0)) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise ApiError(response.status_code, response.text)
+            async for line in response.aiter_lines():
+                if line.strip():
+                    event = json.loads(line)
+                    yield event["type"], event["object"]
 
     async def create(self, manifest: Manifest) -> Manifest:
         kind = KINDS[manifest["kind"]]
