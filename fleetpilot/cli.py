@@ -1,4 +1,4 @@
-"""The `fleetpilot` command: CRD generation, the operator, and the local development cluster."""
+"""The `fleetpilot` command: CRDs, the operator, the local cluster, the data plane and trace replay."""
 
 from __future__ import annotations
 
@@ -59,8 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     operator.set_defaults(func=_cmd_operator)
 
     from fleetpilot.devcluster import cluster
+    from fleetpilot.frontend import cli as frontend_cli
+    from fleetpilot.replay import cli as replay_cli
+    from fleetpilot.sim import cli as sim_cli
 
     cluster.add_parser(sub)
+    frontend_cli.add_parser(sub)
+    sim_cli.add_parser(sub)
+    replay_cli.add_parser(sub)
     return parser
 
 

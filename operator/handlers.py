@@ -18,6 +18,7 @@ from fleetpilot import kube
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import reconciler, render
 
+CHILD_EVENT_DELAY_SECONDS = float(os.environ.get("FLEETPILOT_CHILD_EVENT_DELAY_SECONDS", "0.3"))
 CHILD_SELECTOR: dict[str, Any] = {
     render.LABEL_GRAPH: kopf.PRESENT,
     "app.kubernetes.io/managed-by": render.MANAGED_BY,
@@ -58,5 +59,7 @@ async def graph_changed(name: str, namespace: str | None, memo: Any, **_: Any) -
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_SELECTOR)
 @kopf.on.event("", "v1", "pods", labels={render.LABEL_GRAPH: kopf.PRESENT})
 async def child_changed(labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any) -> None:
+    # Children change in bursts (a rollout touches pods, ReplicaSets and the Deployment many times):
+    # wait a moment so one reconcile sees the whole burst instead of one reconcile per event.
     if namespace:
-        memo.reconciler.enqueue(namespace, labels[render.LABEL_GRAPH])
+        memo.reconciler.enqueue(namespace, labels[render.LABEL_GRAPH], after=CHILD_EVENT_DELAY_SECONDS)

@@ -1,0 +1,1 @@
+"""The frontend: OpenAI-compatible routing to prefill/decode or aggregated workers."""

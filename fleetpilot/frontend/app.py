@@ -1,0 +1,394 @@
+"""The frontend: an OpenAI-compatible router in front of prefill, decode or aggregated workers.
+
+For a disaggregated graph each request takes two hops, following vLLM's protocol: the prefill
+worker gets the request with `kv_transfer_params.do_remote_decode` and `max_tokens: 1`, and answers
+with the parameters that let a decode worker pull the KV cache; the decode worker then gets the
+original request carrying those parameters and streams the tokens. Aggregated graphs take one hop.
+
+Upstream calls always stream, so the frontend measures TTFT and inter-token latency (the metric
+contract) even for clients that asked for one JSON answer. A connection failure before any byte
+came back is retried on another worker; a failure mid-stream ends that stream with an error event.
+A client that goes away cancels the upstream request, and with it the work on the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import prometheus_client
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from fleetpilot.frontend import routing
+from fleetpilot.frontend.discovery import Discovery
+from fleetpilot.frontend.metrics import FrontendMetrics
+
+logger = logging.getLogger("fleetpilot.frontend")
+
+QUARANTINE_SECONDS = 5.0
+CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+class UpstreamError(Exception):
+    """A worker failed or refused; `status` is what the client gets when nothing was streamed yet."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_body(message: str, *, kind: str = "upstream_error", code: int = 502) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text prefix-aware routing hashes: the prompt, or the chat messages in order."""
+    if "messages" in body:
+        parts = []
+        for message in body.get("messages") or []:
+            content = message.get("content", "")
+            if isinstance(content, list):
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            parts.append(f"{message.get('role', '')}: {content}")
+        return "\n".join(parts)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        return " ".join(str(p) for p in prompt)
+    return str(prompt)
+
+
+def chunk_text(chunk: dict[str, Any]) -> str:
+    """Text carried by one OpenAI streaming chunk, completion or chat."""
+    text = ""
+    for choice in chunk.get("choices") or []:
+        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    return text
+
+
+@dataclass
+class Tracker:
+    """Timing of one request as the frontend sees it."""
+
+    started: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+    usage: dict[str, Any] | None = None
+
+    def token(self) -> None:
+        now = time.monotonic()
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+        self.tokens += 1
+
+    def mean_itl(self) -> float | None:
+        if self.first_token is None or self.last_token is None or self.tokens < 2:
+            return None
+        return (self.last_token - self.first_token) / (self.tokens - 1)
+
+
+class Frontend:
+    """Routes requests to workers and keeps the metric contract."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        mode: str,
+        discovery: Discovery,
+        policy: routing.Policy,
+        metrics: FrontendMetrics | None = None,
+        retries: int = 3,
+        request_timeout: float = 600.0,
+    ) -> None:
+        if mode not in ("disaggregated", "aggregated"):
+            raise ValueError(f"mode must be disaggregated or aggregated, not {mode!r}")
+        self.model = model
+        self.mode = mode
+        self.discovery = discovery
+        self.policy = policy
+        self.decode_policy: routing.Policy = routing.LeastLoaded()
+        self.metrics = metrics or FrontendMetrics()
+        self.retries = retries
+        self.request_timeout = request_timeout
+        self.load: dict[str, int] = defaultdict(int)
+        self.quarantined: dict[str, float] = {}
+        self.prefix_cache = routing.PrefixCache()  # a model of the workers' KV caches, for any policy
+        self.draining = False
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(request_timeout, connect=3.0),
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512),
+        )
+
+    # -- choosing workers ----------------------------------------------------------------------------
+
+    def _candidates(self, role: str, tried: set[str]) -> list[routing.Worker]:
+        now = time.monotonic()
+        workers = [w for w in self.discovery.workers(role) if w.url not in tried]
+        healthy = [w for w in workers if self.quarantined.get(w.url, 0) <= now]
+        return healthy or workers  # when all are quarantined, trying one beats failing outright
+
+    def _pick(self, role: str, policy: routing.Policy, blocks: list[int], tried: set[str]) -> routing.Worker:
+        candidates = self._candidates(role, tried)
+        if not candidates:
+            raise UpstreamError(f"no ready {role} worker for model {self.model}", status=503)
+        worker = policy.choose(candidates, load=self.load, prompt_blocks=blocks)
+        policy.routed(worker, blocks)
+        if role != "decode":  # where the prompt's KV is computed: count what was probably cached
+            self.metrics.prefix_query_blocks.labels(self.model).inc(len(blocks))
+            self.metrics.prefix_hit_blocks.labels(self.model).inc(self.prefix_cache.match(worker.url, blocks))
+            self.prefix_cache.add(worker.url, blocks)
+        return worker
+
+    async def _with_retries(
+        self, role: str, policy: routing.Policy, blocks: list[int],
+        attempt: Callable[[routing.Worker], Awaitable[Any]],
+    ) -> Any:
+        """Run `attempt` on a worker; on a refused connection, quarantine it and try another."""
+        tried: set[str] = set()
+        last: Exception | None = None
+        for _ in range(self.retries):
+            worker = self._pick(role, policy, blocks, tried)
+            tried.add(worker.url)
+            self.load[worker.url] += 1
+            try:
+                return await attempt(worker)
+            except CONNECT_ERRORS as error:
+                logger.warning("%s worker %s unreachable (%s); trying another", role, worker.url, error)
+                self.quarantined[worker.url] = time.monotonic() + QUARANTINE_SECONDS
+                last = error
+            finally:
+                self.load[worker.url] -= 1
+            if not self._candidates(role, tried):
+                break
+        raise UpstreamError(f"no {role} worker reachable: {last}", status=503)
+
+    # -- the two hops --------------------------------------------------------------------------------
+
+    async def _prefill(self, path: str, body: dict[str, Any], blocks: list[int]) -> dict[str, Any]:
+        """First hop: prefill remotely and return the KV transfer parameters for decode."""
+        hop = {k: v for k, v in body.items() if k not in ("stream_options", "min_tokens")}
+        hop.update(stream=False, max_tokens=1, kv_transfer_params={
+            "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+            "remote_block_ids": None, "remote_host": None, "remote_port": None,
+        })
+        if "max_completion_tokens" in hop:
+            hop["max_completion_tokens"] = 1
+
+        async def attempt(worker: routing.Worker) -> dict[str, Any]:
+            response = await self.client.post(worker.url + path, json=hop)
+            if response.status_code >= 400:
+                raise UpstreamError(f"prefill worker {worker.name or worker.url} answered {response.status_code}:"
+                                    f" {response.text[:500]}", status=response.status_code)
+            params = response.json().get("kv_transfer_params")
+            if not params:
+                raise UpstreamError(f"prefill worker {worker.name or worker.url} returned no kv_transfer_params;"
+                                    " is it running with a KV connector?")
+            return dict(params)
+
+        result: dict[str, Any] = await self._with_retries("prefill", self.policy, blocks, attempt)
+        return result
+
+    async def _stream(
+        self, path: str, body: dict[str, Any], blocks: list[int], tracker: Tracker
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Last hop: stream chunks from a decode (or aggregated) worker."""
+        role = "decode" if self.mode == "disaggregated" else "aggregated"
+        policy = self.decode_policy if self.mode == "disaggregated" else self.policy
+        upstream = dict(body, stream=True, stream_options={"include_usage": True})
+
+        async def attempt(worker: routing.Worker) -> tuple[routing.Worker, httpx.Response]:
+            request = self.client.build_request("POST", worker.url + path, json=upstream)
+            response = await self.client.send(request, stream=True)
+            if response.status_code >= 400:
+                text = (await response.aread()).decode(errors="replace")
+                await response.aclose()
+                raise UpstreamError(f"{role} worker {worker.name or worker.url} answered {response.status_code}:"
+                                    f" {text[:500]}", status=response.status_code)
+            return worker, response
+
+        worker, response = await self._with_retries(role, policy, blocks, attempt)
+        self.load[worker.url] += 1
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return
+                chunk = json.loads(payload)
+                if chunk.get("error"):
+                    raise UpstreamError(f"{role} worker {worker.name or worker.url}: {chunk['error']}")
+                if chunk.get("usage"):
+                    tracker.usage = chunk["usage"]
+                yield chunk
+        except (httpx.TransportError, json.JSONDecodeError) as error:
+            raise UpstreamError(f"{role} worker {worker.name or worker.url} broke off the stream: {error!r}") from error
+        finally:
+            self.load[worker.url] -= 1
+            await response.aclose()
+
+    # -- request handling ----------------------------------------------------------------------------
+
+    def _finish(self, tracker: Tracker, status: str) -> None:
+        model = self.model
+        self.metrics.requests.labels(model, status).inc()
+        self.metrics.inflight.labels(model).dec()
+        if status != "ok":
+            return
+        self.metrics.duration.labels(model).observe(time.monotonic() - tracker.started)
+        if tracker.first_token is not None:
+            self.metrics.ttft.labels(model).observe(tracker.first_token - tracker.started)
+        itl = tracker.mean_itl()
+        if itl is not None:
+            self.metrics.itl.labels(model).observe(itl)
+        if tracker.usage:
+            self.metrics.input_tokens.labels(model).observe(int(tracker.usage.get("prompt_tokens", 0)))
+            self.metrics.output_tokens.labels(model).observe(int(tracker.usage.get("completion_tokens", 0)))
+
+    async def _chunks(self, path: str, body: dict[str, Any], tracker: Tracker) -> AsyncIterator[dict[str, Any]]:
+        blocks = routing.block_hashes(prompt_text(body))
+        if self.mode == "disaggregated":
+            body = dict(body, kv_transfer_params=await self._prefill(path, body, blocks))
+        async for chunk in self._stream(path, body, blocks, tracker):
+            yield chunk
+
+    async def handle(self, request: Request) -> Response:
+        tracker = Tracker()  # the clock starts before the body is read, as the client's does
+        path = request.url.path
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as error:
+            return JSONResponse(error_body(f"request body is not JSON: {error}", kind="invalid_request_error",
+                                           code=400), status_code=400)
+        if not isinstance(body, dict):
+            return JSONResponse(error_body("request body must be a JSON object", kind="invalid_request_error",
+                                           code=400), status_code=400)
+        if body.get("model") not in (None, self.model):
+            return JSONResponse(error_body(f"model {body.get('model')!r} is not served here; use {self.model!r}",
+                                           kind="NotFoundError", code=404), status_code=404)
+        body["model"] = self.model
+        self.metrics.started.labels(self.model).inc()
+        self.metrics.inflight.labels(self.model).inc()
+        if body.get("stream"):
+            return StreamingResponse(self._sse(path, body, tracker), media_type="text/event-stream")
+        return await self._collect(path, body, tracker, request)
+
+    async def _sse(self, path: str, body: dict[str, Any], tracker: Tracker) -> AsyncIterator[str]:
+        wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        status = "cancelled"
+        try:
+            async for chunk in self._chunks(path, body, tracker):
+                if chunk.get("usage") and not chunk.get("choices") and not wants_usage:
+                    continue
+                yield f"data: {json.dumps(chunk)}\n\n"
+                if chunk_text(chunk):
+                    tracker.token()  # after the yield returns: the chunk has gone out to the client
+            status = "ok"
+        except UpstreamError as error:
+            status = "error"
+            yield f"data: {json.dumps(error_body(str(error), code=error.status))}\n\n"
+        finally:
+            if status != "cancelled":
+                yield "data: [DONE]\n\n"
+            self._finish(tracker, status)
+
+    async def _collect(self, path: str, body: dict[str, Any], tracker: Tracker, request: Request) -> Response:
+        """A non-streaming answer, assembled from the upstream stream; a client disconnect cancels it."""
+        chat = "messages" in body
+        text, finish_reason = [], None
+
+        async def consume() -> None:
+            nonlocal finish_reason
+            async for chunk in self._chunks(path, body, tracker):
+                text.append(chunk_text(chunk))
+                if text[-1]:
+                    tracker.token()
+                for choice in chunk.get("choices") or []:
+                    finish_reason = choice.get("finish_reason") or finish_reason
+
+        work = asyncio.create_task(consume())
+        watch = asyncio.create_task(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                self._finish(tracker, "cancelled")
+                return Response(status_code=499)
+            work.result()
+        except UpstreamError as error:
+            self._finish(tracker, "error")
+            return JSONResponse(error_body(str(error), code=error.status), status_code=error.status)
+        finally:
+            watch.cancel()
+        self._finish(tracker, "ok")
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason or "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": "".join(text)}
+        else:
+            choice["text"] = "".join(text)
+        return JSONResponse({
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": tracker.usage or {},
+        })
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": 0, "owned_by": "fleetpilot"}]})
+
+    async def health(self, request: Request) -> Response:
+        if self.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        roles = ("prefill", "decode") if self.mode == "disaggregated" else ("aggregated",)
+        missing = [role for role in roles if not self.discovery.workers(role)]
+        return JSONResponse({"status": "ok", "missing_workers": missing})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(prometheus_client.generate_latest(self.metrics.registry),
+                        media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+    def app(self) -> Starlette:
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            await self.discovery.start()
+            try:
+                yield
+            finally:
+                await self.discovery.stop()
+                await self.client.aclose()
+
+        return Starlette(
+            routes=[
+                Route("/v1/completions", self.handle, methods=["POST"]),
+                Route("/v1/chat/completions", self.handle, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+            ],
+            lifespan=lifespan,
+        )
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

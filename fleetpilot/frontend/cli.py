@@ -1,0 +1,73 @@
+"""`fleetpilot frontend`: serve the router with uvicorn, and drain on SIGTERM.
+
+On SIGTERM the frontend reports itself unhealthy (so a load balancer stops sending), stops
+accepting connections, and lets in-flight streams finish within `--drain-seconds`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+import uvicorn
+
+from fleetpilot.frontend import app as app_mod
+from fleetpilot.frontend import discovery, routing
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's graceful shutdown, with the frontend told first so /health turns 503."""
+
+    def __init__(self, config: uvicorn.Config, frontend: app_mod.Frontend) -> None:
+        super().__init__(config)
+        self.frontend = frontend
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.frontend.draining = True
+        super().handle_exit(sig, frame)
+
+
+def build(args: argparse.Namespace) -> app_mod.Frontend:
+    static = {"prefill": args.prefill_url, "decode": args.decode_url, "aggregated": args.worker_url}
+    found: discovery.Discovery
+    if any(static.values()):
+        found = discovery.StaticDiscovery(static)
+    else:
+        if not (args.graph and args.namespace):
+            raise SystemExit("fleetpilot frontend: give --graph and --namespace (pod discovery) or worker URLs")
+        from fleetpilot import kube
+
+        found = discovery.PodDiscovery(kube.KubeApi(), namespace=args.namespace, graph=args.graph)
+    if args.mode == "disaggregated" and args.engine not in ("vllm", "simulator"):
+        raise SystemExit(f"fleetpilot frontend: disaggregated routing for {args.engine} is not implemented yet;"
+                         " only vLLM's kv_transfer_params protocol (vllm, simulator) is")
+    return app_mod.Frontend(model=args.model, mode=args.mode, discovery=found, policy=routing.make_policy(args.router),
+                            retries=args.retries)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    frontend = build(args)
+    config = uvicorn.Config(frontend.app(), host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=args.drain_seconds, backlog=4096)
+    DrainingServer(config, frontend).run()
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser("frontend", help="the OpenAI-compatible router in front of a graph's workers")
+    parser.add_argument("--model", required=True, help="served model name")
+    parser.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated")
+    parser.add_argument("--engine", choices=["vllm", "sglang", "trtllm", "simulator"], default="simulator")
+    parser.add_argument("--router", choices=["round-robin", "least-loaded", "prefix-aware"], default="prefix-aware")
+    parser.add_argument("--graph", help="discover the graph's pods (with --namespace)")
+    parser.add_argument("--namespace")
+    parser.add_argument("--prefill-url", action="append", default=[], help="static prefill worker (repeatable)")
+    parser.add_argument("--decode-url", action="append", default=[], help="static decode worker (repeatable)")
+    parser.add_argument("--worker-url", action="append", default=[], help="static aggregated worker (repeatable)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--retries", type=int, default=3, help="workers tried when a connection is refused")
+    parser.add_argument("--drain-seconds", type=int, default=120, help="how long in-flight streams may finish")
+    parser.set_defaults(func=run)

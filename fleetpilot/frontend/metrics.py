@@ -1,0 +1,44 @@
+"""The metric contract of DESIGN.md: what the frontend exports and the planner and dashboards read.
+
+Graph and namespace are not labels here: Prometheus adds them from the pod's labels at scrape time.
+Latency buckets resolve the SLA targets people use, from 5 ms to 60 s.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Bounds 15% apart from 5 ms to 60 s: a percentile read from the histogram lands within about 7%
+# of the exact one, finer than any SLA people set.
+LATENCY_BUCKETS = tuple(round(0.005 * 1.15**i, 6) for i in range(68)) + (60.0,)
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+class FrontendMetrics:
+    """One set per frontend, in its own registry (several frontends may share a test process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("fleetpilot_frontend_requests", "Finished requests by status (ok, error, cancelled).",
+                                ["model", "status"], registry=r)
+        self.started = Counter("fleetpilot_frontend_requests_started", "Requests received: the offered load.",
+                               ["model"], registry=r)
+        self.inflight = Gauge("fleetpilot_frontend_inflight_requests", "Requests being served.", ["model"], registry=r)
+        self.ttft = Histogram("fleetpilot_frontend_time_to_first_token_seconds", "Time to first token, per request.",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("fleetpilot_frontend_inter_token_latency_seconds",
+                             "One observation per request: its mean inter-token latency.",
+                             ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.duration = Histogram("fleetpilot_frontend_request_duration_seconds", "End-to-end request duration.",
+                                  ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.input_tokens = Histogram("fleetpilot_frontend_input_tokens", "Input sequence length (ISL).",
+                                      ["model"], buckets=TOKEN_BUCKETS, registry=r)
+        self.prefix_query_blocks = Counter(
+            "fleetpilot_frontend_prefix_query_blocks", "Prompt blocks routed to where the prompt is prefilled.",
+            ["model"], registry=r)
+        self.prefix_hit_blocks = Counter(
+            "fleetpilot_frontend_prefix_hit_blocks",
+            "Of those, blocks the chosen worker had recently seen (an estimate of KV-cache hits).", ["model"], registry=r)
+        self.output_tokens = Histogram("fleetpilot_frontend_output_tokens", "Output sequence length (OSL).",
+                                       ["model"], buckets=TOKEN_BUCKETS, registry=r)

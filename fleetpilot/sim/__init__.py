@@ -1,0 +1,15 @@
+"""The simulator engine: a GPU-free worker that speaks vLLM's HTTP API and disaggregation protocol.
+
+The flow is cli (flags → performance model, limits, identity; runs uvicorn) → server (OpenAI
+completions and chat, `kv_transfer_params`, /health, /metrics) → engine (`Engine`: the real-time
+loop and per-request token streams; `Scheduler`: the pure continuous-batching core over a paged KV
+cache) and metrics (vLLM's metric names, one registry per worker). Timing comes from
+`fleetpilot.perfmodel` through the `engine.TimingModel` protocol.
+
+Library use::
+
+    from fleetpilot.sim import engine, server
+
+    sim = engine.Engine(engine.Scheduler(timing, engine.SchedulerConfig()), speedup=10)
+    app = server.create_app(server.ServerConfig(served_model="llama-8b", role="decode"), sim)
+"""

@@ -1,0 +1,449 @@
+"""The simulator's HTTP face: vLLM's OpenAI-compatible API and its disaggregation protocol.
+
+Where it sits: `cli` (flags, uvicorn) → this module (HTTP requests ↔ engine requests, OpenAI JSON and
+SSE shapes, `kv_transfer_params`) → `engine` (scheduling and timing) and `metrics` (Prometheus).
+
+Routes: `POST /v1/completions`, `POST /v1/chat/completions` (streaming and not), `GET /v1/models`,
+`GET /health` (200 while the engine loop runs), `GET /metrics`, and `POST /sim/kv_pull`, the
+simulator's stand-in for NIXL's "I have read your blocks" notice from a decode worker.
+
+Token counting, since the simulator has no tokenizer: a text prompt counts its whitespace-separated
+words × `tokens_per_word` (default 1.0, rounded up, at least 1); a completions `prompt` given as a
+list of token ids counts its ids; chat counts the words of all message contents (text parts only,
+no chat-template overhead). Output text is deterministic filler: token i is " " + one of a fixed
+list of words, so the output's word count equals its token count. Only one prompt and `n = 1` per
+request are supported; `stop`, `temperature` and other sampling fields are accepted and ignored.
+
+Disaggregation (vLLM's NixlConnector protocol): a prefill-role worker given
+`kv_transfer_params.do_remote_decode` prefills only (max_tokens forced to 1) and answers with the
+parameters a decode worker needs (`do_remote_prefill`, `remote_engine_id`, `remote_block_ids`,
+`remote_host`, `remote_port`, `remote_request_id`, `tp_size`); `remote_host`/`remote_port` are this
+server's advertised HTTP address. A decode-role worker given `do_remote_prefill` skips the prefill,
+waits the modelled KV transfer, decodes, and tells the prefill worker (best effort) that it pulled the
+blocks, so they are freed after the transfer time instead of at the hold timeout. A worker of any
+role without matching parameters serves the request aggregated-style, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from fleetpilot.sim import engine
+from fleetpilot.sim import metrics as metrics_mod
+
+logger = logging.getLogger("fleetpilot.sim")
+
+Role = Literal["prefill", "decode", "aggregated"]
+_Handler = Callable[[Request], Awaitable[Response]]
+ROLES: tuple[Role, ...] = ("prefill", "decode", "aggregated")
+
+FILLER_WORDS = (
+    "the", "fleet", "sails", "on", "a", "quiet", "sea", "while", "pilots", "watch", "every", "signal",
+    "and", "steady", "hands", "keep", "course", "through", "wind", "rain", "light", "until", "harbor",
+    "lamps", "show", "home", "again", "under", "clear", "northern", "stars", "tonight",
+)
+
+
+def filler_token(index: int) -> str:
+    """Token `index` of every simulated output: deterministic, one word per token."""
+    return " " + FILLER_WORDS[index % len(FILLER_WORDS)]
+
+
+class BadRequest(ValueError):
+    """The request is malformed; the client gets a 400 with this message."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    served_model: str
+    role: Role = "aggregated"
+    engine_id: str = dataclasses.field(default_factory=lambda: str(uuid.uuid4()))
+    advertise_host: str = "127.0.0.1"  # how peers reach this server: remote_host in kv_transfer_params
+    advertise_port: int = 8000
+    tensor_parallel_size: int = 1
+    tokens_per_word: float = 1.0
+    default_max_tokens: int = 16  # completions without max_tokens (OpenAI's and vLLM's default)
+    default_chat_max_tokens: int = 256  # chat without a limit: vLLM would stop at EOS, and we have none
+    pull_notice_timeout_s: float = 2.0
+
+
+# -- request parsing (pure) ------------------------------------------------------------------------
+
+
+def count_text_tokens(text: str, tokens_per_word: float) -> int:
+    words = len(text.split())
+    return max(1, math.ceil(words * tokens_per_word)) if words else 0
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def completion_prompt_tokens(prompt: Any, tokens_per_word: float) -> int:
+    """Prompt length of a completions request: a string, token ids, or a one-element list of either."""
+    single = isinstance(prompt, list) and len(prompt) == 1
+    if single and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        tokens = count_text_tokens(prompt, tokens_per_word)
+    elif _is_token_ids(prompt):
+        tokens = len(prompt)
+    elif isinstance(prompt, list):
+        raise BadRequest("the simulator serves one prompt per request")
+    else:
+        raise BadRequest("prompt must be a string or a list of token ids")
+    if tokens < 1:
+        raise BadRequest("prompt cannot be empty")
+    return tokens
+
+
+def chat_prompt_tokens(messages: Any, tokens_per_word: float) -> int:
+    """Prompt length of a chat request: the words of every message's text content."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list")
+    texts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise BadRequest("each message must be an object")
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [str(part.get("text", "")) for part in content if isinstance(part, dict)]
+    return max(1, count_text_tokens(" ".join(texts), tokens_per_word))
+
+
+def requested_max_tokens(body: dict[str, Any], *, chat: bool, config: ServerConfig) -> int:
+    value = body.get("max_completion_tokens") if chat else None
+    if value is None:
+        value = body.get("max_tokens")
+    if value is None:
+        return config.default_chat_max_tokens if chat else config.default_max_tokens
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise BadRequest("max_tokens must be a positive integer")
+    return value
+
+
+def request_mode(role: Role, kv_transfer_params: Any) -> engine.Mode:
+    """Which part of the work this worker does, from its role and the request's kv_transfer_params."""
+    if not isinstance(kv_transfer_params, dict):
+        return engine.Mode.FULL
+    if role == "prefill" and kv_transfer_params.get("do_remote_decode"):
+        return engine.Mode.PREFILL_ONLY
+    if role == "decode" and kv_transfer_params.get("do_remote_prefill"):
+        return engine.Mode.REMOTE_PREFILL
+    return engine.Mode.FULL
+
+
+def error_body(message: str, *, kind: str = "BadRequestError", code: int = 400) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _error(message: str, *, kind: str = "BadRequestError", code: int = 400) -> JSONResponse:
+    return JSONResponse(error_body(message, kind=kind, code=code), status_code=code)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+
+class _EngineStreamResponse(StreamingResponse):
+    """An SSE response that cancels its engine request however the response ends (disconnect included)."""
+
+    def __init__(self, content: AsyncIterator[str], stream: engine.RequestStream) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stream.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body is already read, so only a disconnect can come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@dataclasses.dataclass
+class _Generation:
+    """One accepted request: what the response builders need besides the token stream."""
+
+    request_id: str
+    chat: bool
+    model: str
+    created: int
+    mode: engine.Mode
+    stream: engine.RequestStream
+
+    def kv_transfer_params(self, event: engine.TokenEvent, config: ServerConfig) -> dict[str, Any] | None:
+        if self.mode is not engine.Mode.PREFILL_ONLY or not event.finished:
+            return None
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": config.engine_id,
+            "remote_block_ids": list(event.kv_block_ids),
+            "remote_host": config.advertise_host,
+            "remote_port": config.advertise_port,
+            "remote_request_id": self.request_id,
+            "tp_size": config.tensor_parallel_size,
+        }
+
+    def chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model,
+                "choices": [choice]}
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        prompt = self.stream.prompt_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens}
+
+
+class _Service:
+    """The routes, bound to one engine, its metrics and its configuration."""
+
+    def __init__(self, config: ServerConfig, sim: engine.Engine, metrics: metrics_mod.SimMetrics) -> None:
+        self.config = config
+        self.engine = sim
+        self.metrics = metrics
+        self.client: httpx.AsyncClient | None = None
+        self._notices: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.engine.start()
+        async with httpx.AsyncClient(timeout=self.config.pull_notice_timeout_s) as client:
+            self.client = client
+            try:
+                yield
+            finally:
+                for task in list(self._notices):
+                    task.cancel()
+                await asyncio.gather(*self._notices, return_exceptions=True)
+                self.client = None
+                await self.engine.stop()
+
+    # -- plain routes --
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.engine.running else 503)
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.config.served_model, "object": "model", "created": int(time.time()),
+            "owned_by": "fleetpilot", "root": self.config.served_model, "parent": None,
+            "max_model_len": self.engine.scheduler.config.max_model_len,
+        }]})
+
+    async def kv_pull(self, request: Request) -> Response:
+        """A decode worker has started pulling a held request's KV: free it after the transfer time."""
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return _error("request body is not JSON")
+        if not isinstance(body, dict) or body.get("remote_engine_id") != self.config.engine_id:
+            return _error("unknown remote_engine_id", kind="NotFoundError", code=404)
+        released = self.engine.release_after_transfer(str(body.get("remote_request_id")))
+        if not released:
+            return _error("no KV held for that request", kind="NotFoundError", code=404)
+        return JSONResponse({"released": True})
+
+    # -- generation --
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: Request, *, chat: bool) -> Response:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as error:
+            return _error(f"request body is not JSON: {error}")
+        if not isinstance(body, dict):
+            return _error("request body must be a JSON object")
+        model = body.get("model")
+        if model not in (None, self.config.served_model):
+            return _error(f"The model `{model}` does not exist.", kind="NotFoundError", code=404)
+        try:
+            if body.get("n") not in (None, 1):
+                raise BadRequest("the simulator supports only n = 1")
+            factor = self.config.tokens_per_word
+            if chat:
+                prompt_tokens = chat_prompt_tokens(body.get("messages"), factor)
+            else:
+                prompt_tokens = completion_prompt_tokens(body.get("prompt"), factor)
+            max_tokens = requested_max_tokens(body, chat=chat, config=self.config)
+        except BadRequest as error:
+            return _error(str(error))
+        params = body.get("kv_transfer_params")
+        mode = request_mode(self.config.role, params)
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        if mode is engine.Mode.PREFILL_ONLY:
+            max_tokens = 1  # the decode worker generates; vLLM's proxies ask prefill for one token
+        spec = engine.RequestSpec(prompt_tokens, max_tokens, mode, request_id)
+        try:
+            stream = self.engine.submit(spec)
+        except engine.RequestRejected as error:
+            return _error(str(error))
+        except engine.EngineStopped as error:
+            return _error(str(error), kind="ServiceUnavailableError", code=503)
+        if mode is engine.Mode.REMOTE_PREFILL and isinstance(params, dict):
+            self._notify_prefill(params)
+        generation = _Generation(request_id, chat, self.config.served_model, int(time.time()), mode, stream)
+        if body.get("stream"):
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            return _EngineStreamResponse(self._sse(generation, include_usage=include_usage), stream)
+        return await self._collect(generation, request)
+
+    async def _sse(self, gen: _Generation, *, include_usage: bool) -> AsyncIterator[str]:
+        produced = 0
+        try:
+            async with gen.stream:
+                async for event in gen.stream:
+                    if gen.chat and produced == 0:
+                        # vLLM sends the role with the first output, so it also marks the first token's time.
+                        yield _sse_line(gen.chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                   "logprobs": None, "finish_reason": None}))
+                    produced += 1
+                    text = filler_token(event.index)
+                    choice: dict[str, Any] = {"index": 0, "logprobs": None,
+                                              "finish_reason": event.finish_reason}
+                    if gen.chat:
+                        choice["delta"] = {"content": text}
+                    else:
+                        choice.update(text=text, stop_reason=None)
+                    chunk = gen.chunk(choice)
+                    params = gen.kv_transfer_params(event, self.config)
+                    if params is not None:
+                        chunk["kv_transfer_params"] = params
+                    yield _sse_line(chunk)
+        except engine.EngineStopped as error:
+            yield _sse_line(error_body(str(error), kind="ServiceUnavailableError", code=503))
+        if include_usage:
+            yield _sse_line({**gen.chunk({}), "choices": [], "usage": gen.usage(produced)})
+        yield "data: [DONE]\n\n"
+
+    async def _collect(self, gen: _Generation, request: Request) -> Response:
+        """A non-streaming answer; a client that goes away before it is ready cancels the request."""
+
+        async def consume() -> list[engine.TokenEvent]:
+            async with gen.stream:
+                return [event async for event in gen.stream]
+
+        work = asyncio.create_task(consume())
+        watch = asyncio.create_task(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+            await asyncio.gather(work, watch, return_exceptions=True)
+        if work.cancelled() or work not in done:
+            return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+        try:
+            events = work.result()
+        except engine.EngineStopped as error:
+            return _error(str(error), kind="ServiceUnavailableError", code=503)
+        text = "".join(filler_token(event.index) for event in events)
+        finish = events[-1].finish_reason if events else None
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        if gen.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return JSONResponse({
+            "id": gen.request_id,
+            "object": "chat.completion" if gen.chat else "text_completion",
+            "created": gen.created,
+            "model": gen.model,
+            "choices": [choice],
+            "usage": gen.usage(len(events)),
+            "kv_transfer_params": gen.kv_transfer_params(events[-1], self.config) if events else None,
+        })
+
+    def _notify_prefill(self, params: dict[str, Any]) -> None:
+        """Tell the prefill worker we are pulling its blocks; a lost notice only delays their release."""
+        host, port = params.get("remote_host"), params.get("remote_port")
+        request_id = params.get("remote_request_id")
+        if not host or not port or not request_id or self.client is None:
+            return
+        client = self.client
+        url = f"http://{_url_host(str(host))}:{port}/sim/kv_pull"
+        notice = {"remote_engine_id": params.get("remote_engine_id"), "remote_request_id": request_id}
+
+        async def send() -> None:
+            try:
+                await client.post(url, json=notice)
+            except httpx.HTTPError as error:
+                logger.debug("KV pull notice to %s failed: %s", url, error)
+
+        task = asyncio.create_task(send())
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+
+def _sse_line(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def create_app(
+    config: ServerConfig, sim: engine.Engine, *, registry: CollectorRegistry | None = None
+) -> Starlette:
+    """The ASGI app for one simulated worker; its lifespan starts and stops the engine loop."""
+    metrics = metrics_mod.SimMetrics(model_name=config.served_model, snapshot=sim.snapshot, registry=registry)
+    sim.add_finish_listener(metrics.observe)
+    service = _Service(config, sim, metrics)
+    get, post = ["GET"], ["POST"]
+    routes: list[tuple[str, _Handler, list[str]]] = [
+        ("/v1/completions", service.completions, post),
+        ("/v1/chat/completions", service.chat_completions, post),
+        ("/v1/models", service.models, get),
+        ("/health", service.health, get),
+        ("/metrics", service.prometheus, get),
+        ("/sim/kv_pull", service.kv_pull, post),
+    ]
+    app = Starlette(routes=[Route(path, fn, methods=methods) for path, fn, methods in routes],
+                    lifespan=service.lifespan)
+    app.state.service = service
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for uvicorn; binding first tells us the real port when `port` is 0."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
