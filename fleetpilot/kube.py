@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import ssl
 import uuid
 from collections.abc import AsyncIterator
@@ -87,12 +88,16 @@ def _selectors(labels: dict[str, str] | None, field_selector: str | None) -> dic
     return params
 
 
-def _load_configuration() -> k8s_client.Configuration:
+def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
+    """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG by default)."""
     configuration = k8s_client.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    if kubeconfig is None:
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            return configuration
+        except k8s_config.ConfigException:
+            kubeconfig = os.environ.get("KUBECONFIG")  # read now, not when the kubernetes package loaded
+    k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
     return configuration
 
 
@@ -100,7 +105,7 @@ class KubeApi:
     """Async REST calls with the operator's identity and field manager."""
 
     def __init__(self, configuration: k8s_client.Configuration | None = None, *, field_manager: str = FIELD_MANAGER):
-        self._configuration = configuration or _load_configuration()
+        self._configuration = configuration or load_configuration()
         self.field_manager = field_manager
         verify: ssl.SSLContext | bool = False
         if self._configuration.verify_ssl:

@@ -273,3 +273,46 @@ def test_operator_exports_its_metrics(kubectl: Kubectl, operator: OperatorProces
     assert re.search(rf'fleetpilot_operator_graph_condition\{{graph="observed",namespace="{namespace}",'
                      r'status="True",type="Ready"\} 1\.0', text), text[-2000:]
     assert 'fleetpilot_operator_applies_total{kind="Deployment"}' in text
+
+
+def test_frontend_discovers_the_graphs_ready_pods(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pod discovery against the real apiserver: Ready pods with loopback IPs, by role, kept current."""
+    import asyncio
+
+    from fleetpilot import kube
+    from fleetpilot.frontend.discovery import PodDiscovery
+
+    kubectl.apply(simulator_graph("found"), namespace)
+    wait_for(lambda: ready(kubectl, namespace, "found"), what="Ready")
+    monkeypatch.setenv("KUBECONFIG", str(kubectl.kubeconfig))
+
+    def pod_urls(role: str) -> set[str]:
+        return {f"http://{p['status']['podIP']}:8000"
+                for p in kubectl.items("pods", namespace, f"fleetpilot.dev/component={role}")
+                if not p["metadata"].get("deletionTimestamp")}
+
+    async def discover() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+        api = kube.KubeApi()
+        discovery = PodDiscovery(api, namespace=namespace, graph="found")
+        await discovery.start()
+        try:
+            await asyncio.wait_for(discovery.synced.wait(), 30)
+            first = {role: {w.url for w in discovery.workers(role)} for role in ("prefill", "decode")}
+            kubectl.run("scale", "dgc/found-decode", "--replicas=3", "-n", namespace)
+            for _ in range(200):  # the watch brings the new pod in: bounded wait
+                if len(discovery.workers("decode")) == 3:
+                    break
+                await asyncio.sleep(0.1)
+            second = {role: {w.url for w in discovery.workers(role)} for role in ("prefill", "decode")}
+            return first, second
+        finally:
+            await discovery.stop()
+            await api.aclose()
+
+    first, second = asyncio.run(discover())
+    assert first["prefill"] == pod_urls("prefill") and len(first["prefill"]) == 1
+    assert len(first["decode"]) == 2 and first["decode"] < pod_urls("decode")
+    assert all(url.startswith("http://127.") for url in first["decode"])
+    assert second["decode"] == pod_urls("decode") and len(second["decode"]) == 3
