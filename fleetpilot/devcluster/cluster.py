@@ -183,7 +183,7 @@ class Cluster:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log_path = self.logs / f"{name}.log"
-        with log_path.open("ab") as log_file:
+        with log_path.open("wb") as log_file:
             process = subprocess.Popen(
                 argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
@@ -198,12 +198,10 @@ class Cluster:
         pid, binary = int(lines[0]), lines[1] if len(lines) > 1 else ""
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             return None
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return None
-        return pid if cmdline == binary else None
+        return pid if cmdline == binary and state != "Z" else None
 
     def _start_etcd(self) -> None:
         port = self.config.etcd_port
@@ -335,18 +333,23 @@ class Cluster:
             return client.get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200
 
     def _wait(self, check: Any, what: str, process: str, *, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        last_error: Exception | None = None
+        while time.monotonic() < started + timeout:
             try:
                 if check():
                     return
-            except (httpx.HTTPError, OSError, ValueError):
-                pass
+            except (httpx.HTTPError, OSError, ValueError) as error:
+                last_error = error
             if self._pid(process) is None:
+                what = f"{what} ({process} is not running)"
                 break
             time.sleep(0.2)
         tail = _tail(self.logs / f"{process}.log")
-        raise ClusterError(f"timed out waiting for {what}; last lines of {self.logs / (process + '.log')}:\n{tail}")
+        raise ClusterError(
+            f"gave up after {time.monotonic() - started:.1f}s waiting for {what}; last error: {last_error!r};"
+            f" last lines of {self.logs / (process + '.log')}:\n{tail}"
+        )
 
 
 def _http_ok(url: str) -> bool:
