@@ -26,7 +26,6 @@ pytestmark = pytest.mark.integration
 
 FLEETPILOT = str(Path(sys.executable).parent / "fleetpilot")
 MODEL = "llama-8b"
-SPEEDUP = "10"
 
 
 class Process:
@@ -67,8 +66,9 @@ class Process:
 
 
 class Fleet:
-    def __init__(self, log_dir: Path, *, prefill: int = 2, decode: int = 2, router: str = "round-robin") -> None:
-        worker = ["sim", "worker", "--model", MODEL, "--speedup", SPEEDUP]
+    def __init__(self, log_dir: Path, *, prefill: int = 2, decode: int = 2, router: str = "round-robin",
+                 speedup: int = 10) -> None:
+        worker = ["sim", "worker", "--model", MODEL, "--speedup", str(speedup)]
         self.prefill = [Process(f"prefill-{i}", [*worker, "--role", "prefill"], log_dir) for i in range(prefill)]
         self.decode = [Process(f"decode-{i}", [*worker, "--role", "decode"], log_dir) for i in range(decode)]
         for process in self.workers:
@@ -222,34 +222,40 @@ def histogram_quantile(text: str, name: str, quantile: float) -> tuple[float, fl
     raise AssertionError("empty histogram")
 
 
-def test_replaying_a_minute_of_the_azure_trace_counts_every_request(fleet: Fleet) -> None:
+def test_replaying_a_minute_of_the_azure_trace_counts_every_request(tmp_path: Path) -> None:
+    """Every request of a trace minute is counted by the frontend, whose TTFT agrees with the client's.
+
+    In real time: the client sees 4-6 ms more than the frontend (its own connection and event loop,
+    which the frontend cannot see), a fixed cost that is 12-16% of the 30-45 ms TTFTs of a 5x or 10x
+    simulation but under 10% of real-time ones.
+    """
     import asyncio
 
     from fleetpilot.replay import client, report, traces
 
+    speedup = 1
     trace = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "azure_llm_2023" / \
         "AzureLLMInferenceTrace_code.csv"
-    # 60 s of trace at the workers' 10x speed: the arrivals are compressed 10x too.
-    requests = traces.load(trace, shape=traces.Shape(start_s=0, duration_s=60, time_factor=float(SPEEDUP)))
-    results = asyncio.run(client.replay(requests, url=fleet.frontend.url, model=MODEL, timeout_s=120))
+    # 60 s of trace, its arrivals compressed as much as the workers' simulated time.
+    requests = traces.load(trace, shape=traces.Shape(start_s=0, duration_s=60, time_factor=float(speedup)))
+    fleet = Fleet(tmp_path, speedup=speedup)
+    try:
+        results = asyncio.run(client.replay(requests, url=fleet.frontend.url, model=MODEL, timeout_s=120))
+        metrics = httpx.get(fleet.frontend.url + "/metrics", timeout=5).text
+    finally:
+        fleet.stop()
     summary = report.summarise(results, report.parse_sla("ttft=500ms,itl=50ms"))
 
     assert len(results) == len(requests) > 50
     assert [r.status for r in results].count("ok") == len(requests), [r.error for r in results if r.error][:3]
-    metrics = httpx.get(fleet.frontend.url + "/metrics", timeout=5).text
     frontend_p50, counted = histogram_quantile(metrics, "fleetpilot_frontend_time_to_first_token_seconds", 0.5)
     assert counted == len(requests), f"frontend counted {counted} TTFTs for {len(requests)} requests"
     _, output_counted = histogram_quantile(metrics, "fleetpilot_frontend_output_tokens", 0.5)
     assert output_counted == len(requests)
     client_p50 = summary.ttft_ms.p50 / 1000
-    print(f"\nAzure code trace, 60 s at 10x: {len(requests)} requests; TTFT p50 client {client_p50 * 1000:.1f} ms,"
-          f" frontend {frontend_p50 * 1000:.1f} ms")
-    # The frontend starts its clock when its handler runs; the client's includes its own event loop
-    # and any new connection during a burst, a few milliseconds on a busy 2-core machine that are
-    # 10-20% of a 40 ms TTFT at 10x speed. Agreement: within 10%, or 10 ms when that is larger.
     measured = f"client p50 {client_p50 * 1000:.1f} ms, frontend p50 {frontend_p50 * 1000:.1f} ms"
-    assert frontend_p50 <= client_p50 + 0.002, measured
-    assert client_p50 - frontend_p50 <= max(0.10 * client_p50, 0.010), measured
+    print(f"\nAzure code trace, 60 s at {speedup}x: {len(requests)} requests; TTFT {measured}")
+    assert abs(client_p50 - frontend_p50) <= 0.10 * client_p50, measured
 
 
 def test_prefix_hit_rate_through_the_frontend_on_mooncake(tmp_path: Path) -> None:

@@ -1,0 +1,504 @@
+"""Steps 3 and 4 of the planner: size the pools for the predicted load, then constrain the answer.
+
+Where it sits: after `predict` has turned the observed metrics into the next interval's `Load`, `size`
+(or `size_aggregated`) asks the capacity model how many requests/s one replica takes within the SLA and
+returns the replicas each pool needs (`Desired`). `constrain` turns that into what the planner will
+actually write to each DynamoGraphComponent's /scale (`Decision`): within the graph's min/max, within
+its GPU budget, scaling up at once and down only after a hold period, one bounded step at a time.
+Graphs that share a budget get their share from `split_budget` first. Everything here is a pure
+function of plain data; the hysteresis memory is a `ScaleDownState` value the caller carries from one
+interval to the next (in live mode, in the graph's status), so a restarted planner loses nothing it
+cannot re-read. Every result carries the reason the planner writes into the graph's status.
+
+Pools are named as in the API: `prefill` and `decode` for a disaggregated graph, `aggregated` for one
+whose workers do both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from fleetpilot.api import v1alpha1
+from fleetpilot.planner import capacity as capacities
+
+Pool = Literal["prefill", "decode", "aggregated"]
+POOLS: tuple[Pool, ...] = ("prefill", "decode", "aggregated")
+
+# Observed/expected latency ratios outside this range say the profile is wrong (or the fleet is in a
+# transient: a backlog draining, replicas still warming up), not that capacity is off by that much.
+# Unclamped, a latency spike from a backlog would order several times the replicas the load needs, and
+# the next interval's correction would swing back: the clamp keeps the loop stable. Below 1 is allowed
+# (down to half) so that a fleet doing better than its profile (prefix-cache hits, a faster engine
+# release) gives GPUs back; Dynamo's documented planner never lets its prefill correction go below 1.
+CORRECTION_MIN = 0.5
+CORRECTION_MAX = 3.0
+
+# Rounding guard: 12.0 / 4.0 * 1.0000000000000002 must ask for 3 replicas, not 4.
+_EPSILON = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """What the pools must serve next interval: request rate and mean input/output lengths."""
+
+    rate_rps: float
+    isl: float
+    osl: float
+
+    def __post_init__(self) -> None:
+        for name in ("rate_rps", "isl", "osl"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"Load.{name} must be a finite number ≥ 0, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Corrections:
+    """Observed / expected latency per phase: above 1 the fleet is slower than the profile predicts.
+
+    "Expected" must be the capacity model's latency at the load each replica actually had
+    (`CapacityModel.expected_ttft_s` / `expected_itl_s` at observed rate ÷ ready replicas), so the
+    ratio measures the profile's error, not the load; `correction` builds one from the two latencies.
+    `size` multiplies each pool's need by its factor after clamping it to [CORRECTION_MIN,
+    CORRECTION_MAX].
+    """
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
+
+def correction(observed_s: float | None, expected_s: float | None) -> float:
+    """Observed / expected latency, or 1 (no correction) when either is missing, zero or not finite."""
+    if observed_s is None or expected_s is None:
+        return 1.0
+    if not (observed_s > 0 and expected_s > 0 and math.isfinite(observed_s) and math.isfinite(expected_s)):
+        return 1.0
+    return observed_s / expected_s
+
+
+def clamp_correction(factor: float) -> float:
+    """The factor `size` uses: clamped to [CORRECTION_MIN, CORRECTION_MAX]; NaN counts as 1."""
+    if math.isnan(factor):
+        return 1.0
+    return min(CORRECTION_MAX, max(CORRECTION_MIN, factor))
+
+
+@dataclasses.dataclass(frozen=True)
+class Desired:
+    """Replicas each pool needs for the load, before any bounds, budget or hysteresis."""
+
+    replicas: Mapping[Pool, int]
+    reason: str
+
+    @property
+    def prefill(self) -> int:
+        return self.replicas.get("prefill", 0)
+
+    @property
+    def decode(self) -> int:
+        return self.replicas.get("decode", 0)
+
+    @property
+    def aggregated(self) -> int:
+        return self.replicas.get("aggregated", 0)
+
+
+# -- step 3: size ----------------------------------------------------------------------------------------
+
+
+def _check_headroom(headroom: float) -> None:
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom must lie in [0, 1), got {headroom}")
+
+
+def _replicas_for(need: float) -> int:
+    """Whole replicas for a fractional need: the ceiling, at least 1 for any need at all."""
+    if need <= 0:
+        return 0
+    return max(1, math.ceil(need - _EPSILON))
+
+
+@dataclasses.dataclass(frozen=True)
+class _PhaseNeed:
+    """One phase's need in replicas (fractional), and the words behind it."""
+
+    replicas: float
+    reason: str
+    extrapolated: bool = False
+
+    def words(self, correction_words: str) -> str:
+        tail = "; extrapolated beyond the profile" if self.extrapolated else ""
+        return f"{self.reason}{correction_words}{tail}"
+
+
+def _prefill_need(
+    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float
+) -> _PhaseNeed:
+    cap = capacity.prefill_capacity(load.isl, sla.ttft_ms / 1e3, percentile=sla.percentile)
+    if cap.target_met:
+        per_replica, how = cap.rate_rps, f"{cap.rate_rps:.3g} req/s per replica"
+    else:
+        per_replica = cap.best_effort_rps
+        how = f"{cap.reason}; sized so p{sla.percentile:g} requests never queue ({per_replica:.3g} req/s per replica)"
+    return _PhaseNeed(load.rate_rps * factor / per_replica, how, cap.extrapolated)
+
+
+def _decode_need(
+    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float
+) -> _PhaseNeed:
+    cap = capacity.decode_capacity(load.isl, load.osl, sla.itl_ms / 1e3)
+    if cap.target_met:
+        per_replica = cap.rate_rps
+        how = f"{per_replica:.3g} req/s per replica at concurrency {cap.concurrency:.1f}"
+    elif cap.best_effort_rps > 0:
+        per_replica = cap.best_effort_rps
+        how = f"{cap.reason}; sized for the lowest ITL the profile knows ({per_replica:.3g} req/s per replica)"
+    else:
+        # Nothing the profile knows serves this context (it does not fit one replica's KV cache):
+        # more replicas cannot help, so ask for one and say why.
+        return _PhaseNeed(1.0, f"{cap.reason}; no replica count helps")
+    return _PhaseNeed(load.rate_rps * factor / per_replica, how, cap.extrapolated)
+
+
+def _factor_words(name: str, raw: float) -> tuple[float, str]:
+    factor = clamp_correction(raw)
+    if factor == 1.0:
+        return factor, ""
+    clamped = f" (clamped from {raw:.2f})" if factor != raw else ""
+    return factor, f" × {name} correction {factor:.2f}{clamped}"
+
+
+def size(
+    load: Load,
+    capacity: capacities.CapacityModel,
+    sla: v1alpha1.SlaTarget,
+    corrections: Corrections = Corrections(),
+    *,
+    headroom: float,
+    decode_capacity: capacities.CapacityModel | None = None,
+) -> Desired:
+    """Replicas of a disaggregated graph's prefill and decode pools for `load`.
+
+    Each pool needs ceil(rate × correction / (per-replica rate × (1 − headroom))) replicas, at least 1
+    when there is any load: prefill from the requests/s one replica sustains within the TTFT target
+    at the SLA percentile, decode from the requests/s that keep ITL under target at the mean context.
+    `headroom` is the share of each replica's SLA-safe rate kept free for forecast error and bursts.
+    `decode_capacity` is the decode pool's own model when it runs another parallelism than prefill.
+    When a target is out of reach whatever the replica count, the pool is sized for the best latency
+    the profile allows and the reason says the target will be missed.
+    """
+    _check_headroom(headroom)
+    decode_model = decode_capacity or capacity
+    if load.rate_rps == 0:
+        return Desired({"prefill": 0, "decode": 0}, "no load predicted: no replicas needed beyond the minimums")
+    spare = 1.0 - headroom
+    p_factor, p_words = _factor_words("prefill", corrections.prefill)
+    d_factor, d_words = _factor_words("decode", corrections.decode)
+    prefill = _prefill_need(load, capacity, sla, p_factor)
+    decode = _decode_need(load, decode_model, sla, d_factor)
+    p_replicas = _replicas_for(prefill.replicas / spare)
+    d_replicas = _replicas_for(decode.replicas / spare)
+    room = f" with {headroom:.0%} headroom" if headroom else ""
+    reason = (
+        f"{load.rate_rps:.3g} req/s at ISL {load.isl:.0f}, OSL {load.osl:.0f}{room}: "
+        f"prefill {p_replicas} ({prefill.words(p_words)}), decode {d_replicas} ({decode.words(d_words)})"
+    )
+    return Desired({"prefill": p_replicas, "decode": d_replicas}, reason)
+
+
+def size_aggregated(
+    load: Load,
+    capacity: capacities.CapacityModel,
+    sla: v1alpha1.SlaTarget,
+    corrections: Corrections = Corrections(),
+    *,
+    headroom: float,
+) -> Desired:
+    """Replicas of an aggregated pool, whose workers both prefill and decode.
+
+    A replica's time is shared between the two phases, so its needs add up: with the prefill and
+    decode needs computed as in `size` (each from the same profile, each with its own correction),
+    the pool needs ceil((prefill need + decode need) / (1 − headroom)) replicas. Conservative: an
+    engine with chunked prefill rides prompts on decode steps and does better than time-sharing,
+    which the corrections (down to CORRECTION_MIN) can then win back.
+    """
+    _check_headroom(headroom)
+    if load.rate_rps == 0:
+        return Desired({"aggregated": 0}, "no load predicted: no replicas needed beyond the minimum")
+    p_factor, p_words = _factor_words("prefill", corrections.prefill)
+    d_factor, d_words = _factor_words("decode", corrections.decode)
+    prefill = _prefill_need(load, capacity, sla, p_factor)
+    decode = _decode_need(load, capacity, sla, d_factor)
+    replicas = _replicas_for((prefill.replicas + decode.replicas) / (1.0 - headroom))
+    room = f" with {headroom:.0%} headroom" if headroom else ""
+    reason = (
+        f"{load.rate_rps:.3g} req/s at ISL {load.isl:.0f}, OSL {load.osl:.0f}{room}: aggregated {replicas} = "
+        f"prefill share {prefill.replicas:.2f} ({prefill.words(p_words)}) + decode share "
+        f"{decode.replicas:.2f} ({decode.words(d_words)})"
+    )
+    return Desired({"aggregated": replicas}, reason)
+
+
+# -- step 4: constrain -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleDownState:
+    """What the hysteresis remembers between intervals: per pool, since when a scale-down has waited.
+
+    `waiting_since[pool]` is the time the pool's desired replicas went (and stayed) below its current
+    replicas, or the time of its last scale-down step while still below; absent when no scale-down is
+    pending. Plain data, so it can live in the graph's status between planner runs.
+    """
+
+    waiting_since: Mapping[Pool, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The replicas the planner will run per pool, why, and the state for the next interval."""
+
+    replicas: Mapping[Pool, int]
+    reasons: list[str]
+    state: ScaleDownState
+
+    @property
+    def prefill(self) -> int:
+        return self.replicas.get("prefill", 0)
+
+    @property
+    def decode(self) -> int:
+        return self.replicas.get("decode", 0)
+
+    @property
+    def aggregated(self) -> int:
+        return self.replicas.get("aggregated", 0)
+
+
+def _gpus(replicas: Mapping[Pool, int], gpus_per_replica: Mapping[Pool, int]) -> int:
+    return sum(n * gpus_per_replica[pool] for pool, n in replicas.items())
+
+
+def constrain(
+    desired: Desired,
+    *,
+    current: Mapping[Pool, int],
+    bounds: Mapping[Pool, v1alpha1.ScalingBounds],
+    gpus_per_replica: Mapping[Pool, int],
+    gpu_budget: int | None,
+    state: ScaleDownState,
+    now: float,
+    hold_seconds: float,
+    max_step_down: int = 1,
+    max_step_up: int | None = None,
+    data_ok: bool = True,
+    data_note: str = "",
+) -> Decision:
+    """Turn desired replicas into the replicas to run, one pool at a time, then fit the GPU budget.
+
+    The pools are those in `current` (the graph's scalable components). Rules, in order:
+
+    1. `data_ok=False` (metrics missing or stale): every pool keeps its current replicas exactly, and
+       pending scale-downs restart their wait (nobody saw the load stay low meanwhile).
+    2. The target is the desired count clamped to the pool's [min, max].
+    3. Above current: scale up now, by at most `max_step_up` replicas when set.
+    4. Below current: only once the target has stayed below current for `hold_seconds`, and then by at
+       most `max_step_down` replicas; the wait restarts after each step, so a pool takes at most one
+       step per hold period.
+    5. Bounds are not subject to hysteresis or step limits: a pool outside [min, max] (the bounds
+       changed) goes to the nearest bound now.
+    6. GPU budget: while the pools need more than `gpu_budget` GPUs, take one replica from the pool
+       with the most slack relative to its need (replicas ÷ target, highest first), never below its
+       min. When the minimums alone exceed the budget, the minimums are kept and the reason says so.
+    """
+    pools = tuple(pool for pool in POOLS if pool in current)
+    for name, keys in (("desired", desired.replicas.keys()), ("bounds", bounds.keys()), ("gpus_per_replica", gpus_per_replica.keys())):
+        missing = [pool for pool in pools if pool not in keys]
+        if missing:
+            raise ValueError(f"{name} has no entry for pool(s) {missing}")
+    if hold_seconds < 0 or max_step_down < 1 or (max_step_up is not None and max_step_up < 1):
+        raise ValueError("hold_seconds must be ≥ 0, max_step_down and max_step_up (when set) ≥ 1")
+
+    if not data_ok:
+        why = f": {data_note}" if data_note else ""
+        held = ", ".join(f"{pool} {current[pool]}" for pool in pools)
+        return Decision(
+            {pool: current[pool] for pool in pools},
+            [f"holding current replicas ({held}): planner input data missing or stale{why}"],
+            ScaleDownState({}),
+        )
+
+    replicas: dict[Pool, int] = {}
+    targets: dict[Pool, int] = {}
+    waiting: dict[Pool, float] = {}
+    reasons: list[str] = []
+    for pool in pools:
+        low, high = bounds[pool].min_replicas, bounds[pool].max_replicas
+        now_n, want = current[pool], desired.replicas[pool]
+        target = min(high, max(low, want))
+        targets[pool] = target
+        if target != want:
+            reasons.append(f"{pool}: desired {want} clamped to {'min' if want < low else 'max'} {target}")
+        new = now_n
+        if target > now_n:
+            new = target if max_step_up is None else min(target, now_n + max_step_up)
+            limited = f" (step limit {max_step_up}, target {target})" if new < target else ""
+            reasons.append(f"{pool}: scale up {now_n} → {new}{limited}")
+        elif target < now_n:
+            since = state.waiting_since.get(pool, now)
+            waited = now - since
+            if waited >= hold_seconds:
+                new = max(target, now_n - max_step_down)
+                limited = f" (step limit {max_step_down}, target {target})" if new > target else ""
+                reasons.append(f"{pool}: scale down {now_n} → {new} after {waited:.0f} s below{limited}")
+                if new > target:
+                    waiting[pool] = now  # the next step waits a full hold period again
+            else:
+                waiting[pool] = since
+                reasons.append(
+                    f"{pool}: target {target} below current {now_n} for {waited:.0f} s of the "
+                    f"{hold_seconds:.0f} s hold: keeping {now_n}"
+                )
+        if not low <= new <= high:
+            bound = low if new < low else high
+            reasons.append(f"{pool}: {new} lies outside [{low}, {high}]: set to {bound} now (bounds skip hysteresis)")
+            new = bound
+            waiting.pop(pool, None)
+        replicas[pool] = new
+
+    if gpu_budget is not None:
+        reasons.extend(_fit_budget(replicas, targets, bounds, gpus_per_replica, gpu_budget))
+
+    if not reasons:
+        reasons.append("no change: " + ", ".join(f"{pool} {replicas[pool]}" for pool in pools))
+    return Decision(replicas, reasons, ScaleDownState(waiting))
+
+
+def _fit_budget(
+    replicas: dict[Pool, int],
+    targets: Mapping[Pool, int],
+    bounds: Mapping[Pool, v1alpha1.ScalingBounds],
+    gpus_per_replica: Mapping[Pool, int],
+    budget: int,
+) -> list[str]:
+    """Take replicas away (in place) until the pools fit `budget` GPUs or only minimums remain."""
+    needed = _gpus(replicas, gpus_per_replica)
+    if needed <= budget:
+        return []
+    before = dict(replicas)
+
+    def slack(pool: Pool) -> tuple[float, int, str]:
+        # Replicas per replica needed: a pool held above its target by hysteresis has slack > 1 and
+        # goes first; a pool whose target is 0 has infinite slack. Ties: the cut that frees more GPUs.
+        ratio = replicas[pool] / targets[pool] if targets[pool] else math.inf
+        return ratio, gpus_per_replica[pool], pool
+
+    while _gpus(replicas, gpus_per_replica) > budget:
+        cuttable = [pool for pool in replicas if replicas[pool] > bounds[pool].min_replicas]
+        if not cuttable:
+            break
+        replicas[max(cuttable, key=slack)] -= 1
+    cuts = ", ".join(f"{pool} {before[pool]} → {replicas[pool]}" for pool in replicas if replicas[pool] != before[pool])
+    used = _gpus(replicas, gpus_per_replica)
+    if used > budget:
+        return [
+            f"GPU budget {budget}: the minimums alone need {used} GPUs; keeping the minimums"
+            + (f" ({cuts})" if cuts else "")
+            + ": raise the budget or lower scaling.min"
+        ]
+    return [f"GPU budget {budget}: {needed} GPUs wanted, cut {cuts} (most slack relative to need first)"]
+
+
+# -- sharing a budget between graphs ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetClaim:
+    """One graph's claim on a shared GPU budget: its priority, its minimum, and what it wants.
+
+    `min_gpus` is what the graph's scaling.min replicas use; `wanted_gpus` what its constrained
+    decision would use without the budget (run `constrain` with gpu_budget=None to get it).
+    """
+
+    graph: str
+    priority: int
+    min_gpus: int
+    wanted_gpus: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetSplit:
+    """GPUs granted per graph (each graph's `gpu_budget` for `constrain`), and why, per graph."""
+
+    gpus: Mapping[str, int]
+    reasons: Mapping[str, str]
+
+
+def _share(amount: int, weights: Mapping[str, int]) -> dict[str, int]:
+    """Split `amount` in proportion to `weights` (largest remainder; ties by name), never above a weight."""
+    total = sum(weights.values())
+    exact = {name: amount * weight / total for name, weight in weights.items()}
+    shares = {name: min(weights[name], math.floor(value)) for name, value in exact.items()}
+    left = amount - sum(shares.values())
+    for name in sorted(weights, key=lambda n: (-(exact[n] - shares[n]), n)):
+        if left <= 0:
+            break
+        if shares[name] < weights[name]:
+            shares[name] += 1
+            left -= 1
+    return shares
+
+
+def split_budget(claims: Sequence[BudgetClaim], budget: int) -> BudgetSplit:
+    """Share one GPU budget between the graphs that name it.
+
+    1. Every graph gets its minimum first. When the minimums alone exceed the budget, every graph
+       gets exactly its minimum and nothing more: scaling.min is the graph's own promise (the planner
+       never scales below it), so the budget is overrun by that much and every reason says so.
+    2. What is left goes by priority, highest first: a priority level is granted its wants in full
+       before any lower level gets a GPU above its minimum. Graphs of the same priority that cannot
+       all be served share what is left in proportion to what they want above their minimums.
+    3. GPUs nobody wants stay unallocated (a grant is a cap, not a target).
+
+    GPUs are granted one at a time; a graph whose replicas take several GPUs uses what its replicas fit.
+    """
+    if budget < 0:
+        raise ValueError(f"budget must be ≥ 0, got {budget}")
+    names = [claim.graph for claim in claims]
+    if len(set(names)) != len(names):
+        raise ValueError(f"each graph may claim a budget once, got {names}")
+    for claim in claims:
+        if claim.min_gpus < 0 or claim.wanted_gpus < 0:
+            raise ValueError(f"{claim.graph}: min_gpus and wanted_gpus must be ≥ 0")
+
+    minimums = sum(claim.min_gpus for claim in claims)
+    if minimums > budget:
+        note = (
+            f"the minimums of the graphs sharing this budget need {minimums} GPUs, over the budget of {budget}: "
+            "each graph gets its minimum only; raise the budget or lower scaling.min"
+        )
+        return BudgetSplit({c.graph: c.min_gpus for c in claims}, {c.graph: note for c in claims})
+
+    grants = {claim.graph: claim.min_gpus for claim in claims}
+    reasons: dict[str, str] = {}
+    left = budget - minimums
+    for priority in sorted({claim.priority for claim in claims}, reverse=True):
+        level = [claim for claim in claims if claim.priority == priority]
+        extra = {c.graph: max(0, c.wanted_gpus - c.min_gpus) for c in level if c.wanted_gpus > c.min_gpus}
+        asked = sum(extra.values())
+        given = extra if asked <= left else _share(left, extra)
+        left -= sum(given.values())
+        for claim in level:
+            grant = grants[claim.graph] = claim.min_gpus + given.get(claim.graph, 0)
+            want = max(claim.wanted_gpus, claim.min_gpus)
+            if grant >= want:
+                reasons[claim.graph] = f"granted {grant} of {budget} GPUs: all it wants (priority {priority})"
+            else:
+                reasons[claim.graph] = (
+                    f"granted {grant} of the {want} GPUs it wants (budget {budget}, priority {priority}): "
+                    "higher or equal priority graphs took the rest"
+                )
+    return BudgetSplit(grants, reasons)

@@ -1,0 +1,520 @@
+"""Sizing and constraining: replica counts by hand, the corrections, hysteresis, bounds and budgets,
+and the properties the planner must keep over any sequence of inputs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetpilot.api import profile as profiles
+from fleetpilot.api import v1alpha1
+from fleetpilot.planner import capacity as capacities
+from fleetpilot.planner import sizing
+
+PROPERTY = settings(deadline=None, max_examples=150)
+
+
+def tiny_profile(*, kv_capacity_tokens: int = 100_000) -> profiles.Profile:
+    """Prefill: 0.1 s per prompt up to ISL 1000 (10,000 tokens/s), the lone TTFT as well.
+    Decode at context 1000: ITL 10 ms at 1 sequence, 20 ms at 50, 30 ms at 100, every sequence
+    running (tokens/s = concurrency / ITL); a second row at context 3000 makes it a grid."""
+    rows = [(1000, 1, 10.0), (1000, 50, 20.0), (1000, 100, 30.0), (3000, 1, 14.0), (3000, 100, 50.0)]
+    return profiles.Profile(
+        model="tiny",
+        engine="simulator",
+        gpu="none",
+        kv_capacity_tokens=kv_capacity_tokens,
+        prefill=(
+            profiles.PrefillPoint(isl=1000, ttft_ms=100.0, tokens_per_s_per_gpu=10_000.0),
+            profiles.PrefillPoint(isl=2000, ttft_ms=200.0, tokens_per_s_per_gpu=10_000.0),
+        ),
+        decode=tuple(
+            profiles.DecodePoint(context_length=k, concurrency=c, itl_ms=itl, tokens_per_s_per_gpu=c / (itl / 1e3))
+            for k, c, itl in rows
+        ),
+    )
+
+
+TINY = capacities.CapacityModel(tiny_profile())
+# ISL 1000 prefills in S = 0.1 s alone. At p90 the wait quantile at utilisation 0.5 is
+# S / (1 − 0.5) · ln(0.5 / 0.1) = 0.2 · ln 5 s, so this TTFT target allows ρ = 0.5: 5 requests/s.
+TTFT_MS = (0.1 + 0.2 * math.log(5.0)) * 1e3
+# ISL 1000 + OSL 400 would be context 1200; the decode cases use ISL 800, OSL 400: context 1000, a row,
+# where ITL reaches 20 ms at concurrency 50: 50 / (400 × 0.020) = 6.25 requests/s per replica. Prefill at
+# ISL 800 is below the grid and clamped to the ISL 1000 time (0.1 s), so still 5 requests/s.
+SLA = v1alpha1.SlaTarget(ttft_ms=TTFT_MS, itl_ms=20.0, percentile=90)
+LOAD = sizing.Load(rate_rps=20.0, isl=800, osl=400)
+
+
+def bounds(low: int = 1, high: int = 8) -> v1alpha1.ScalingBounds:
+    return v1alpha1.ScalingBounds(min=low, max=high)
+
+
+def test_hand_computed_rates_behind_the_sizing_cases() -> None:
+    assert TINY.prefill_rate_per_replica(800, TTFT_MS / 1e3) == pytest.approx(5.0)
+    assert TINY.decode_rate_per_replica(800, 400, 0.020) == pytest.approx(6.25)
+
+
+# -- size ------------------------------------------------------------------------------------------
+
+
+def test_size_without_headroom() -> None:
+    """Prefill: 20 / 5 = 4 replicas. Decode: 20 / 6.25 = 3.2 → 4 replicas."""
+    desired = sizing.size(LOAD, TINY, SLA, headroom=0.0)
+    assert (desired.prefill, desired.decode) == (4, 4)
+    assert dict(desired.replicas) == {"prefill": 4, "decode": 4}
+    assert "prefill 4" in desired.reason and "decode 4" in desired.reason
+
+
+def test_size_with_headroom_rounds_exact_quotients_down() -> None:
+    """20% headroom: prefill 20 / (5 × 0.8) = 5 exactly, decode 20 / (6.25 × 0.8) = 4 exactly
+    (floating point says 4.000000000000001; the planner must not buy a fifth replica for it)."""
+    desired = sizing.size(LOAD, TINY, SLA, headroom=0.2)
+    assert (desired.prefill, desired.decode) == (5, 4)
+    assert "20% headroom" in desired.reason
+
+
+def test_corrections_raise_and_lower_replicas() -> None:
+    """Prefill latency 1.5× the profile's: 20 × 1.5 / 5 = 6. Decode 0.5×: 20 × 0.5 / 6.25 = 1.6 → 2."""
+    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=1.5, decode=0.5), headroom=0.0)
+    assert (desired.prefill, desired.decode) == (6, 2)
+    assert "prefill correction 1.50" in desired.reason
+    # Below 1 is honoured for prefill too (fleetpilot's difference from a prefill correction capped at 1).
+    lower = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=0.6), headroom=0.0)
+    assert lower.prefill == 3  # 20 × 0.6 / 5 = 2.4 → 3
+
+
+def test_corrections_are_clamped() -> None:
+    """10× is clamped to 3×: 20 × 3 / 5 = 12. 0.1× is clamped to 0.5×: 20 × 0.5 / 6.25 = 1.6 → 2."""
+    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=10.0, decode=0.1), headroom=0.0)
+    assert (desired.prefill, desired.decode) == (12, 2)
+    assert "clamped from 10.00" in desired.reason
+    assert sizing.clamp_correction(float("nan")) == 1.0
+    assert (sizing.CORRECTION_MIN, sizing.CORRECTION_MAX) == (0.5, 3.0)
+
+
+def test_correction_from_latencies() -> None:
+    assert sizing.correction(0.6, 0.4) == pytest.approx(1.5)
+    assert sizing.correction(None, 0.4) == 1.0
+    assert sizing.correction(0.6, 0.0) == 1.0
+    assert sizing.correction(0.6, math.inf) == 1.0
+
+
+def test_no_load_needs_no_replicas_and_any_load_needs_one() -> None:
+    idle = sizing.size(sizing.Load(0.0, 0.0, 0.0), TINY, SLA, headroom=0.1)
+    assert (idle.prefill, idle.decode) == (0, 0)
+    trickle = sizing.size(sizing.Load(0.001, 800, 400), TINY, SLA, headroom=0.1)
+    assert (trickle.prefill, trickle.decode) == (1, 1)
+
+
+def test_unreachable_ttft_sizes_for_the_floor_and_says_so() -> None:
+    """A 50 ms TTFT target at ISL 800 (0.1 s alone) cannot be met; sizing keeps the p90 request from
+    waiting at all (ρ = 0.1: 1 request/s per replica): 20 replicas for 20 requests/s."""
+    sla = v1alpha1.SlaTarget(ttft_ms=50.0, itl_ms=20.0)
+    desired = sizing.size(LOAD, TINY, sla, headroom=0.0)
+    assert desired.prefill == 20
+    assert "unreachable" in desired.reason
+
+
+def test_decode_pool_may_have_its_own_capacity_model() -> None:
+    """A decode pool whose KV cache holds only 20,000 tokens stops at 20 sequences of context 1000,
+    at ITL 10 + 10 × 19 / 49 = 13.88 ms: 20 / (400 × 0.01388) = 3.60 requests/s → 20 / 3.60 → 6."""
+    small = capacities.CapacityModel(tiny_profile(kv_capacity_tokens=20_000))
+    desired = sizing.size(LOAD, TINY, SLA, headroom=0.0, decode_capacity=small)
+    itl = 0.010 + 0.010 * 19 / 49
+    assert small.decode_rate_per_replica(800, 400, 0.020) == pytest.approx(20 / (400 * itl))
+    assert (desired.prefill, desired.decode) == (4, math.ceil(20 / (20 / (400 * itl))))
+    assert desired.decode == 6
+
+
+def test_size_aggregated_adds_the_phase_shares() -> None:
+    """A replica's time goes to both phases: 20 / 5 + 20 / 6.25 = 4 + 3.2 = 7.2 → 8 replicas."""
+    desired = sizing.size_aggregated(LOAD, TINY, SLA, headroom=0.0)
+    assert dict(desired.replicas) == {"aggregated": 8}
+    assert desired.aggregated == 8
+    assert "4.00" in desired.reason and "3.20" in desired.reason
+    corrected = sizing.size_aggregated(LOAD, TINY, SLA, sizing.Corrections(prefill=2.0), headroom=0.0)
+    assert corrected.aggregated == 12  # 8 + 3.2 = 11.2
+
+
+def test_invalid_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="headroom"):
+        sizing.size(LOAD, TINY, SLA, headroom=1.0)
+    with pytest.raises(ValueError, match="rate_rps"):
+        sizing.Load(-1.0, 100, 100)
+
+
+# -- constrain, by hand ----------------------------------------------------------------------------------
+
+DISAGG_BOUNDS: dict[sizing.Pool, v1alpha1.ScalingBounds] = {"prefill": bounds(), "decode": bounds()}
+GPUS: dict[sizing.Pool, int] = {"prefill": 1, "decode": 2}
+NO_WAIT = sizing.ScaleDownState()
+
+
+def desire(prefill: int, decode: int) -> sizing.Desired:
+    return sizing.Desired({"prefill": prefill, "decode": decode}, "test")
+
+
+def decide(
+    want: sizing.Desired,
+    current: Mapping[sizing.Pool, int],
+    *,
+    state: sizing.ScaleDownState = NO_WAIT,
+    now: float = 0.0,
+    budget: int | None = None,
+    bounds_: Mapping[sizing.Pool, v1alpha1.ScalingBounds] = DISAGG_BOUNDS,
+    max_step_up: int | None = None,
+    data_ok: bool = True,
+) -> sizing.Decision:
+    return sizing.constrain(
+        want,
+        current=current,
+        bounds=bounds_,
+        gpus_per_replica=GPUS,
+        gpu_budget=budget,
+        state=state,
+        now=now,
+        hold_seconds=300.0,
+        max_step_down=1,
+        max_step_up=max_step_up,
+        data_ok=data_ok,
+        data_note="Prometheus unreachable",
+    )
+
+
+def test_scale_up_is_immediate_and_may_be_step_limited() -> None:
+    decision = decide(desire(6, 3), {"prefill": 2, "decode": 2})
+    assert (decision.prefill, decision.decode) == (6, 3)
+    assert any("prefill: scale up 2 → 6" in r for r in decision.reasons)
+    limited = decide(desire(6, 3), {"prefill": 2, "decode": 2}, max_step_up=2)
+    assert (limited.prefill, limited.decode) == (4, 3)
+
+
+def test_scale_down_waits_for_the_hold_period_then_steps() -> None:
+    """Desired 2 against current 4 from t = 0, hold 300 s, one replica per step: kept at t = 0 and
+    200, 3 at t = 300, kept at 500, 2 at 600, and nothing left waiting."""
+    current: dict[sizing.Pool, int] = {"prefill": 4, "decode": 1}
+    state = NO_WAIT
+    seen = []
+    for now in (0.0, 200.0, 300.0, 500.0, 600.0, 700.0):
+        decision = decide(desire(2, 1), current, state=state, now=now)
+        current, state = dict(decision.replicas), decision.state
+        seen.append(decision.prefill)
+    assert seen == [4, 4, 3, 3, 2, 2]
+    assert state.waiting_since == {}
+
+
+def test_a_rising_desire_restarts_the_wait() -> None:
+    first = decide(desire(2, 1), {"prefill": 4, "decode": 1}, now=0.0)
+    assert first.state.waiting_since == {"prefill": 0.0}
+    back = decide(desire(4, 1), {"prefill": 4, "decode": 1}, state=first.state, now=200.0)
+    assert back.state.waiting_since == {}
+    again = decide(desire(2, 1), {"prefill": 4, "decode": 1}, state=back.state, now=400.0)
+    assert again.prefill == 4  # only 0 s below since the restart, not 400
+    assert any("for 0 s of the 300 s hold" in r for r in again.reasons)
+
+
+def test_bounds_clamp_desire_and_skip_hysteresis() -> None:
+    clamped = decide(desire(20, 0), {"prefill": 2, "decode": 2})
+    assert (clamped.prefill, clamped.decode) == (8, 2)  # decode 0 → min 1 waits below current 2
+    assert any("clamped to max 8" in r for r in clamped.reasons)
+    shrunk = decide(desire(3, 3), {"prefill": 12, "decode": 3})  # the bounds were lowered under it
+    assert shrunk.prefill == 8
+    assert any("outside [1, 8]" in r for r in shrunk.reasons)
+
+
+def test_budget_cuts_the_pool_with_most_slack_relative_to_need() -> None:
+    """Prefill held at 6 by hysteresis needs 3 (slack 2×), decode 4 needs 4 (1×): 6 + 4 × 2 = 14 GPUs
+    over a budget of 12, so prefill gives two replicas back."""
+    decision = decide(desire(3, 4), {"prefill": 6, "decode": 4}, budget=12)
+    assert (decision.prefill, decision.decode) == (4, 4)
+    assert any("GPU budget 12" in r and "prefill 6 → 4" in r for r in decision.reasons)
+
+
+def test_budget_cut_on_equal_slack_frees_the_most_gpus_first() -> None:
+    """Both want 4 (4 + 8 = 12 GPUs, budget 10): equal slack, so the cut that frees more GPUs goes first
+    (decode, 2 GPUs): 4 + 3 × 2 = 10."""
+    decision = decide(desire(4, 4), {"prefill": 1, "decode": 1}, budget=10)
+    assert (decision.prefill, decision.decode) == (4, 3)
+
+
+def test_budget_below_the_minimums_keeps_the_minimums_and_says_so() -> None:
+    mins: dict[sizing.Pool, v1alpha1.ScalingBounds] = {"prefill": bounds(2, 8), "decode": bounds(2, 8)}
+    decision = decide(desire(5, 5), {"prefill": 2, "decode": 2}, budget=4, bounds_=mins)
+    assert (decision.prefill, decision.decode) == (2, 2)
+    assert any("minimums alone need 6 GPUs" in r for r in decision.reasons)
+
+
+def test_missing_data_holds_everything_and_says_why() -> None:
+    waiting = sizing.ScaleDownState({"prefill": 0.0})
+    decision = decide(desire(1, 8), {"prefill": 4, "decode": 2}, state=waiting, now=1000.0, data_ok=False)
+    assert (decision.prefill, decision.decode) == (4, 2)
+    assert "Prometheus unreachable" in decision.reasons[0]
+    assert decision.state.waiting_since == {}
+
+
+def test_aggregated_graphs_constrain_their_one_pool() -> None:
+    decision = sizing.constrain(
+        sizing.Desired({"aggregated": 5}, "test"),
+        current={"aggregated": 2},
+        bounds={"aggregated": bounds()},
+        gpus_per_replica={"aggregated": 4},
+        gpu_budget=16,
+        state=NO_WAIT,
+        now=0.0,
+        hold_seconds=60.0,
+    )
+    assert decision.aggregated == 4  # 5 × 4 GPUs = 20 > 16
+    assert dict(decision.replicas) == {"aggregated": 4}
+
+
+def test_constrain_refuses_missing_pools() -> None:
+    with pytest.raises(ValueError, match="bounds"):
+        sizing.constrain(
+            desire(1, 1),
+            current={"prefill": 1, "decode": 1},
+            bounds={"prefill": bounds()},
+            gpus_per_replica=GPUS,
+            gpu_budget=None,
+            state=NO_WAIT,
+            now=0.0,
+            hold_seconds=0.0,
+        )
+
+
+# -- constrain, properties ----------------------------------------------------------------------------------
+
+POOL_PAIR: tuple[sizing.Pool, ...] = ("prefill", "decode")
+
+
+@st.composite
+def bounds_pairs(draw: st.DrawFn) -> dict[sizing.Pool, v1alpha1.ScalingBounds]:
+    result = {}
+    for pool in POOL_PAIR:
+        low = draw(st.integers(0, 6))
+        result[pool] = bounds(low, draw(st.integers(max(low, 1), 12)))
+    return result
+
+
+replica_counts = st.integers(0, 20)
+pairs = st.fixed_dictionaries({"prefill": replica_counts, "decode": replica_counts})
+gpu_pairs = st.fixed_dictionaries({"prefill": st.integers(1, 4), "decode": st.integers(1, 8)})
+states = st.dictionaries(st.sampled_from(POOL_PAIR), st.floats(-1000, 1000)).map(sizing.ScaleDownState)
+
+
+def min_gpus(limits: Mapping[sizing.Pool, v1alpha1.ScalingBounds], gpus: Mapping[sizing.Pool, int]) -> int:
+    return sum(limits[pool].min_replicas * gpus[pool] for pool in POOL_PAIR)
+
+
+@PROPERTY
+@given(
+    want=pairs,
+    current=pairs,
+    limits=bounds_pairs(),
+    gpus=gpu_pairs,
+    budget=st.none() | st.integers(0, 120),
+    state=states,
+    now=st.floats(0, 5000),
+    hold=st.floats(0, 1000),
+    step_down=st.integers(1, 5),
+    step_up=st.none() | st.integers(1, 5),
+)
+def test_replicas_stay_within_bounds_and_budget(
+    want: dict[sizing.Pool, int],
+    current: dict[sizing.Pool, int],
+    limits: dict[sizing.Pool, v1alpha1.ScalingBounds],
+    gpus: dict[sizing.Pool, int],
+    budget: int | None,
+    state: sizing.ScaleDownState,
+    now: float,
+    hold: float,
+    step_down: int,
+    step_up: int | None,
+) -> None:
+    decision = sizing.constrain(
+        sizing.Desired(want, "test"),
+        current=current,
+        bounds=limits,
+        gpus_per_replica=gpus,
+        gpu_budget=budget,
+        state=state,
+        now=now,
+        hold_seconds=hold,
+        max_step_down=step_down,
+        max_step_up=step_up,
+    )
+    for pool in POOL_PAIR:
+        assert limits[pool].min_replicas <= decision.replicas[pool] <= limits[pool].max_replicas
+    used = sum(decision.replicas[pool] * gpus[pool] for pool in POOL_PAIR)
+    if budget is not None and min_gpus(limits, gpus) <= budget:
+        assert used <= budget
+    assert decision.reasons
+
+
+@PROPERTY
+@given(want=pairs, current=pairs, limits=bounds_pairs(), budget=st.none() | st.integers(0, 40), state=states)
+def test_missing_data_never_changes_replicas(
+    want: dict[sizing.Pool, int],
+    current: dict[sizing.Pool, int],
+    limits: dict[sizing.Pool, v1alpha1.ScalingBounds],
+    budget: int | None,
+    state: sizing.ScaleDownState,
+) -> None:
+    decision = sizing.constrain(
+        sizing.Desired(want, "test"),
+        current=current,
+        bounds=limits,
+        gpus_per_replica=GPUS,
+        gpu_budget=budget,
+        state=state,
+        now=100.0,
+        hold_seconds=0.0,
+        max_step_down=5,
+        data_ok=False,
+    )
+    assert dict(decision.replicas) == current
+
+
+@PROPERTY
+@given(
+    steps=st.lists(
+        st.tuples(st.floats(0, 400), st.integers(0, 15), st.integers(0, 15), st.booleans() | st.just(True)),
+        min_size=1,
+        max_size=40,
+    ),
+    limits=bounds_pairs(),
+    start=pairs,
+    hold=st.floats(0, 600),
+    step_down=st.integers(1, 3),
+    step_up=st.none() | st.integers(1, 4),
+)
+def test_hysteresis_over_a_sequence_of_intervals(
+    steps: list[tuple[float, int, int, bool]],
+    limits: dict[sizing.Pool, v1alpha1.ScalingBounds],
+    start: dict[sizing.Pool, int],
+    hold: float,
+    step_down: int,
+    step_up: int | None,
+) -> None:
+    """Over any sequence of desired values, times and data gaps (no budget, replicas within bounds):
+    a pool scales down only after its target has stayed below its replicas for the hold period, by
+    at most max_step_down, at most once per hold period; it scales up at once (by max_step_up)."""
+    current: dict[sizing.Pool, int] = {
+        pool: min(max(start[pool], limits[pool].min_replicas), limits[pool].max_replicas) for pool in POOL_PAIR
+    }
+    state = sizing.ScaleDownState()
+    now = 0.0
+    below_since: dict[sizing.Pool, float | None] = {pool: None for pool in POOL_PAIR}
+    last_down: dict[sizing.Pool, float | None] = {pool: None for pool in POOL_PAIR}
+    for dt, want_prefill, want_decode, data_ok in steps:
+        now += dt
+        want: dict[sizing.Pool, int] = {"prefill": want_prefill, "decode": want_decode}
+        decision = sizing.constrain(
+            sizing.Desired(want, "test"),
+            current=current,
+            bounds=limits,
+            gpus_per_replica=GPUS,
+            gpu_budget=None,
+            state=state,
+            now=now,
+            hold_seconds=hold,
+            max_step_down=step_down,
+            max_step_up=step_up,
+            data_ok=data_ok,
+        )
+        for pool in POOL_PAIR:
+            before, after = current[pool], decision.replicas[pool]
+            target = min(max(want[pool], limits[pool].min_replicas), limits[pool].max_replicas)
+            if not data_ok:
+                assert after == before
+                continue
+            # The streak of "target below replicas" as an outside observer sees it (data gaps included).
+            if target < before:
+                if below_since[pool] is None:
+                    below_since[pool] = now
+            else:
+                below_since[pool] = None
+            streak_start = below_since[pool]
+            if after < before:
+                assert streak_start is not None and now - streak_start >= hold
+                assert before - after <= step_down
+                assert after >= target
+                previous = last_down[pool]
+                assert previous is None or now - previous >= hold
+                last_down[pool] = now
+            if target > before:
+                assert after == (target if step_up is None else min(target, before + step_up))
+            if target == before:
+                assert after == before
+        current, state = dict(decision.replicas), decision.state
+
+
+# -- split_budget ------------------------------------------------------------------------------------------
+
+
+def test_split_budget_by_hand() -> None:
+    """Budget 20. Minimums 2 + 2 + 1 = 5 first; 15 left. Priority 10 ("chat") wants 8 more: all of it;
+    7 left for the two priority-1 graphs wanting 6 and 8 more: in proportion 7 × 6/14 = 3 and
+    7 × 8/14 = 4."""
+    claims = [
+        sizing.BudgetClaim("chat", priority=10, min_gpus=2, wanted_gpus=10),
+        sizing.BudgetClaim("batch-a", priority=1, min_gpus=2, wanted_gpus=8),
+        sizing.BudgetClaim("batch-b", priority=1, min_gpus=1, wanted_gpus=9),
+    ]
+    split = sizing.split_budget(claims, 20)
+    assert dict(split.gpus) == {"chat": 10, "batch-a": 5, "batch-b": 5}
+    assert "all it wants" in split.reasons["chat"]
+    assert "of the 8 GPUs it wants" in split.reasons["batch-a"]
+
+
+def test_split_budget_when_minimums_exceed_it_gives_each_its_minimum() -> None:
+    claims = [
+        sizing.BudgetClaim("a", priority=5, min_gpus=6, wanted_gpus=10),
+        sizing.BudgetClaim("b", priority=1, min_gpus=6, wanted_gpus=6),
+    ]
+    split = sizing.split_budget(claims, 8)
+    assert dict(split.gpus) == {"a": 6, "b": 6}
+    assert all("over the budget of 8" in reason for reason in split.reasons.values())
+
+
+def test_split_budget_leaves_unwanted_gpus_alone() -> None:
+    split = sizing.split_budget([sizing.BudgetClaim("a", priority=0, min_gpus=1, wanted_gpus=3)], 10)
+    assert dict(split.gpus) == {"a": 3}
+
+
+claims_lists = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 8), st.integers(0, 20)), min_size=1, max_size=6
+).map(
+    lambda rows: [
+        sizing.BudgetClaim(f"g{i}", priority=priority, min_gpus=low, wanted_gpus=want)
+        for i, (priority, low, want) in enumerate(rows)
+    ]
+)
+
+
+@PROPERTY
+@given(claims=claims_lists, budget=st.integers(0, 80))
+def test_split_budget_properties(claims: list[sizing.BudgetClaim], budget: int) -> None:
+    split = sizing.split_budget(claims, budget)
+    grants = split.gpus
+    assert set(grants) == {c.graph for c in claims} == set(split.reasons)
+    minimums = sum(c.min_gpus for c in claims)
+    for claim in claims:
+        assert claim.min_gpus <= grants[claim.graph] <= max(claim.wanted_gpus, claim.min_gpus)
+    if minimums > budget:
+        assert all(grants[c.graph] == c.min_gpus for c in claims)
+        return
+    assert sum(grants.values()) <= budget
+    # Priorities: a graph short of its want means no lower-priority graph got anything above its minimum.
+    for short in claims:
+        if grants[short.graph] < max(short.wanted_gpus, short.min_gpus):
+            for lower in claims:
+                if lower.priority < short.priority:
+                    assert grants[lower.graph] == lower.min_gpus
+    # Nothing is held back while someone still wants more.
+    if any(grants[c.graph] < max(c.wanted_gpus, c.min_gpus) for c in claims):
+        assert sum(grants.values()) == budget
