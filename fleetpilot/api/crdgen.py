@@ -163,6 +163,7 @@ def dynamograph_crd() -> dict[str, Any]:
             _column("Prefill", ".status.components.prefill.summary"),
             _column("Decode", ".status.components.decode.summary"),
             _column("Aggregated", ".status.components.aggregated.summary", priority=1),
+            _column("Planner", ".status.planner.summary"),
             _column("Framework", ".spec.engine.framework", priority=1),
             _column("Reason", '.status.conditions[?(@.type=="Ready")].reason', priority=1),
             _column("Age", ".metadata.creationTimestamp", "date"),

@@ -15,6 +15,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -114,6 +115,7 @@ class Cluster:
             return 0.0
         self.down(quiet=True)
         self._check_binaries()
+        self._check_ports()
         for sub in (self.pids, self.logs):
             sub.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.folder / "etcd", ignore_errors=True)
@@ -181,6 +183,25 @@ class Cluster:
                 f"missing binaries: {', '.join(missing)}; run scripts/install.sh (or scripts/install-k8s.sh) first"
             )
 
+    def ports(self) -> dict[str, int]:
+        base = self.config.port_base
+        return {"etcd": self.config.etcd_port, "etcd peer": self.config.etcd_port + 1,
+                "kube-apiserver": self.config.apiserver_port, "kube-controller-manager": base + 57,
+                "kube-scheduler": base + 59, "kwok": base + 81}
+
+    def _check_ports(self) -> None:
+        """Fail clearly when another cluster (say, one with the same name under another cache) holds a port."""
+        for owner, port in self.ports().items():
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    raise ClusterError(
+                        f"127.0.0.1:{port} ({owner}) is in use: is another cluster with port base"
+                        f" {self.config.port_base} running? Stop it, or set FLEETPILOT_CLUSTER_PORT_BASE"
+                    ) from None
+
     def _spawn(self, name: str, argv: list[str]) -> None:
         log_path = self.logs / f"{name}.log"
         with log_path.open("wb") as log_file:
@@ -242,7 +263,7 @@ class Cluster:
             str(k8s_bin("kube-controller-manager")),
             f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.config.port_base + 57}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports()['kube-controller-manager']}",
             f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca}",
             f"--cluster-signing-cert-file={pki.ca}", f"--cluster-signing-key-file={pki.key('ca')}",
             "--use-service-account-credentials=true",
@@ -255,7 +276,7 @@ class Cluster:
             str(k8s_bin("kube-scheduler")),
             f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.config.port_base + 59}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports()['kube-scheduler']}",
             "--leader-elect=false",
         ])
 
@@ -268,7 +289,7 @@ class Cluster:
             f"--cidr={POD_CIDR}",
             "--node-ip=127.0.0.1",
             "--node-lease-duration-seconds=40",
-            f"--server-address=127.0.0.1:{self.config.port_base + 81}",
+            f"--server-address=127.0.0.1:{self.ports()['kwok']}",
             *(f"--config={stage}" for stage in kwok_stages()),
         ])
 
