@@ -145,7 +145,7 @@ def _role(component: str) -> str:
     return component if component in ("prefill", "decode") else "aggregated"
 
 
-def engine_command(graph: api.DynamoGraph, component: api.ComponentName) -> tuple[list[str], list[str]]:
+def engine_command(graph: api.DynamoGraph, component: api.WorkerName) -> tuple[list[str], list[str]]:
     """(command, args) for a worker, following each engine's own CLI and disaggregation flags."""
     spec = graph.spec
     worker = spec.components.workers()[component]

@@ -8,6 +8,7 @@ cd "$repo"
 bash scripts/install.sh
 CACHE="${FLEETPILOT_CACHE:-$HOME/.cache/fleetpilot}"
 export PATH="$CACHE/venv/bin:$PATH"
+export OPENBLAS_NUM_THREADS=1  # small model fits; a BLAS thread pool only fights the servers for 2 cores
 
 echo "== static checks"
 bash scripts/check.sh

@@ -24,7 +24,8 @@ COMPONENT_PLURAL = "dynamographcomponents"
 
 Framework = Literal["vllm", "sglang", "trtllm", "simulator"]
 ComponentName = Literal["frontend", "prefill", "decode", "aggregated"]
-WORKER_COMPONENTS: tuple[ComponentName, ...] = ("prefill", "decode", "aggregated")
+WorkerName = Literal["prefill", "decode", "aggregated"]
+WORKER_COMPONENTS: tuple[WorkerName, ...] = ("prefill", "decode", "aggregated")
 ALL_COMPONENTS: tuple[ComponentName, ...] = ("frontend", *WORKER_COMPONENTS)
 
 # Child objects are named "<graph>-<component>" and Services must be DNS-1035 labels (63 chars).
@@ -180,10 +181,11 @@ class ComponentsSpec(ApiModel):
     decode: WorkerSpec | None = None
     aggregated: WorkerSpec | None = None
 
-    def workers(self) -> dict[ComponentName, WorkerSpec]:
+    def workers(self) -> dict[WorkerName, WorkerSpec]:
         """The worker pools present, in a stable order."""
-        pools = {"prefill": self.prefill, "decode": self.decode, "aggregated": self.aggregated}
-        return {name: spec for name, spec in pools.items() if spec is not None}  # type: ignore[misc]
+        pools: dict[WorkerName, WorkerSpec | None] = {
+            "prefill": self.prefill, "decode": self.decode, "aggregated": self.aggregated}
+        return {name: spec for name, spec in pools.items() if spec is not None}
 
 
 class PodTemplateOverrides(ApiModel):

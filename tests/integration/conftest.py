@@ -30,8 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 TOTAL_GPUS = 32  # 4 simulated nodes x 8
 
 
-def wait_for(check: Callable[[], Any], *, timeout: float = 60, interval: float = 0.25, what: str = "condition") -> Any:
-    """Poll until `check()` returns something truthy; fail with the last value seen."""
+def wait_for(
+    check: Callable[[], Any], *, timeout: float = 60, interval: float = 0.25, what: str | Callable[[], str] = "condition"
+) -> Any:
+    """Poll until `check()` returns something truthy; fail with the last value seen (and `what()`, if callable)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -43,7 +45,8 @@ def wait_for(check: Callable[[], Any], *, timeout: float = 60, interval: float =
             if last:
                 return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what};"
+                         f" last seen: {last!r}")
 
 
 @dataclass

@@ -1,0 +1,64 @@
+"""Planning time per graph per interval, for each predictor, through the real planner core.
+
+Replays the ServeGen m-large rate series (10-minute windows) through `core.plan_interval` with the
+simulator's capacity profile: each call forecasts over the horizon, sizes and constrains, exactly as
+the live loop does after observing. The `constant` predictor is the same-run baseline.
+
+Run: `~/.cache/fleetpilot/venv/bin/python benchmarks/planner_bench.py [--intervals 48]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import capacity, core, live
+
+SERIES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "servegen_alibaba" / "aggregate_rate_10min.csv"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--intervals", type=int, default=48, help="intervals timed, after 7 days of warm-up")
+    parser.add_argument("--rate-scale", type=float, default=0.1, help="scale ServeGen's rate to a fleet of ~8 GPUs")
+    args = parser.parse_args()
+
+    with SERIES.open() as rows:
+        rates = [float(r["total_rate_rps"]) * args.rate_scale for r in csv.DictReader(rows) if r["model"] == "m-large"]
+    warm = 7 * 24 * 6
+    model = capacity.CapacityModel(live.simulator_profile(1))
+    print(f"planning time per graph per interval: ServeGen m-large x{args.rate_scale}, {warm} intervals of history,"
+          f" {args.intervals} timed")
+    print(f"  {'predictor':10} {'median ms':>10} {'max ms':>10} {'vs constant':>12}")
+    baseline = None
+    for predictor in ("constant", "arima", "kalman", "prophet"):
+        spec = api.DynamoGraphSpec.model_validate({
+            "model": {"name": "m"}, "engine": {"framework": "simulator"},
+            "components": {"prefill": {"scaling": {"max": 64}}, "decode": {"scaling": {"max": 64}}},
+            "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": predictor,
+                        "intervalSeconds": 600},
+        })
+        config = core.config_from_spec(spec, startup_s=600)
+        memory = core.GraphMemory(rates=tuple(rates[:warm]), isls=(2048.0,) * warm, osls=(256.0,) * warm)
+        current = {"prefill": 1, "decode": 1}
+        times = []
+        for step in range(warm, warm + args.intervals):
+            observation = core.Observation(time=step * 600.0, rate_rps=rates[step], isl=2048, osl=256,
+                                           ttft_s=0.3, itl_s=0.03)
+            started = time.perf_counter()
+            plan, memory = core.plan_interval(config, observation, memory, current=current, capacity=model,
+                                              now=step * 600.0)
+            times.append(time.perf_counter() - started)
+            current = dict(plan.replicas)
+        median, worst = statistics.median(times) * 1e3, max(times) * 1e3
+        baseline = baseline or median
+        print(f"  {predictor:10} {median:>10.1f} {worst:>10.1f} {median / baseline:>11.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""The live planner: one process plans every DynamoGraph whose planner is on.
+
+Each graph is planned once per its `spec.planner.intervalSeconds`: observe it in Prometheus (in a
+thread: the client is synchronous), run the pure core (`core.plan_interval`), then actuate. In
+`sla` mode actuation writes the `/scale` of each DynamoGraphComponent — never the graph's spec, so a
+graph kept in git never drifts. In `advisory` mode it only records. Either way the decision and its
+reasons go to the graph's `status.planner` and a `PlannerActive` condition (applied server-side as
+field manager `fleetpilot-planner`, so the operator's fields stay the operator's), Events when
+replicas change, and `fleetpilot_planner_*` metrics. With Prometheus down or silent, replicas hold
+and the condition says why; planning resumes by itself when data returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from typing import Any
+
+import pydantic
+from prometheus_client import Counter, Gauge, Histogram
+
+from fleetpilot import kube as kube_mod
+from fleetpilot import perfmodel
+from fleetpilot.api import profile as profiles
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import capacity as capacities
+from fleetpilot.planner import core, sizing
+from fleetpilot.planner.observe import PrometheusObserver
+
+logger = logging.getLogger("fleetpilot.planner")
+FIELD_MANAGER = "fleetpilot-planner"
+
+PREDICTED_RATE = Gauge("fleetpilot_planner_predicted_rate_rps", "Peak request rate forecast over the horizon.",
+                       ["namespace", "graph"])
+OBSERVED_RATE = Gauge("fleetpilot_planner_observed_rate_rps", "Request rate seen in the last interval.",
+                      ["namespace", "graph"])
+DESIRED = Gauge("fleetpilot_planner_desired_replicas", "Replicas the planner decided.", ["namespace", "graph", "component"])
+CORRECTION = Gauge("fleetpilot_planner_correction_factor", "Observed over expected latency.",
+                   ["namespace", "graph", "component"])
+FORECAST_ERROR = Gauge("fleetpilot_planner_forecast_error_ratio", "|forecast - observed| / observed, last interval.",
+                       ["namespace", "graph"])
+HOLDING = Gauge("fleetpilot_planner_holding", "1 while the planner holds replicas for lack of data.",
+                ["namespace", "graph"])
+ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
+PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Time to plan one graph once.",
+                             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
+# The profile the planner assumes for simulator graphs without a profileRef: what the simulator
+# itself runs (its CLI defaults).
+SIMULATOR_PRESET = ("llama-3.1-8b", "h200-sxm")
+
+
+def _now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def simulator_profile(tensor_parallel: int) -> profiles.Profile:
+    model = perfmodel.PerformanceModel(perfmodel.MODELS[SIMULATOR_PRESET[0]], perfmodel.GPUS[SIMULATOR_PRESET[1]],
+                                       tensor_parallel=tensor_parallel)
+    return profiles.from_performance_model(
+        model, isls=[128, 512, 1024, 2048, 4096, 8192, 16384], contexts=[512, 1024, 2048, 4096, 8192, 16384],
+        concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")
+
+
+class ProfileError(Exception):
+    """No usable capacity profile: the planner cannot size this graph."""
+
+
+class LivePlanner:
+    def __init__(self, kube: kube_mod.KubeApi, observer: PrometheusObserver, *, namespaces: list[str] | None = None,
+                 startup_s: float = 120.0, hold_s: float | None = None) -> None:
+        self.kube = kube
+        self.observer = observer
+        self.namespaces = namespaces or [None]  # type: ignore[list-item]
+        self.startup_s = startup_s
+        self.hold_s = hold_s
+        self.memory: dict[tuple[str, str], core.GraphMemory] = {}
+        self.next_due: dict[tuple[str, str], float] = {}
+        self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
+
+    async def run(self, stop: asyncio.Event, *, tick_s: float = 1.0) -> None:
+        logger.info("planning graphs in %s with metrics from %s",
+                    ", ".join(n or "all namespaces" for n in self.namespaces), self.observer.url)
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except kube_mod.ApiError as error:
+                ERRORS.labels("kubernetes").inc()
+                logger.warning("listing graphs failed: %s", error)
+            try:
+                await asyncio.wait_for(stop.wait(), tick_s)
+            except TimeoutError:
+                pass
+
+    async def tick(self) -> None:
+        """Plan every graph whose interval is due."""
+        graphs: list[dict[str, Any]] = []
+        for namespace in self.namespaces:
+            graphs += await self.kube.list("DynamoGraph", namespace)
+        now = time.monotonic()
+        for body in graphs:
+            key = (body["metadata"]["namespace"], body["metadata"]["name"])
+            mode = body.get("spec", {}).get("planner", {}).get("mode", "off")
+            if mode == "off" or body["metadata"].get("deletionTimestamp") or self.next_due.get(key, 0) > now:
+                continue
+            interval = float(body["spec"]["planner"].get("intervalSeconds", 60))
+            self.next_due[key] = now + interval
+            with PLANNING_SECONDS.time():
+                try:
+                    await self.plan_graph(body)
+                except kube_mod.ApiError as error:
+                    ERRORS.labels("kubernetes").inc()
+                    logger.warning("planning %s/%s failed: %s", *key, error)
+
+    async def _capacity(self, graph: api.DynamoGraph) -> capacities.CapacityModel:
+        spec = graph.spec
+        ref = spec.planner.profile_ref
+        workers = spec.components.workers()
+        tp = next(iter(workers.values())).parallelism.tensor
+        if ref is None:
+            if spec.engine.framework != "simulator":
+                raise ProfileError(f"spec.planner.profileRef is required for {spec.engine.framework} graphs:"
+                                   " point it at a ConfigMap holding a capacity profile")
+            key = ("", "simulator", str(tp))
+            if key not in self._profiles:
+                self._profiles[key] = capacities.CapacityModel(simulator_profile(tp))
+            return self._profiles[key]
+        try:
+            config_map = await self.kube.get("ConfigMap", graph.metadata.namespace, ref.config_map)
+        except kube_mod.ApiError as error:
+            raise ProfileError(f"profile ConfigMap {ref.config_map}: {error.message}") from error
+        text = config_map.get("data", {}).get(ref.key)
+        if text is None:
+            raise ProfileError(f"profile ConfigMap {ref.config_map} has no key {ref.key}")
+        cache_key = (graph.metadata.namespace, ref.config_map, config_map["metadata"].get("resourceVersion", ""))
+        if cache_key not in self._profiles:
+            try:
+                self._profiles[cache_key] = capacities.CapacityModel(profiles.Profile.model_validate_json(text))
+            except pydantic.ValidationError as error:
+                raise ProfileError(f"profile in ConfigMap {ref.config_map}/{ref.key} is invalid: {error}") from error
+        return self._profiles[cache_key]
+
+    async def _current(self, graph: api.DynamoGraph) -> dict[sizing.Pool, int]:
+        current: dict[sizing.Pool, int] = {}
+        for pool, worker in graph.spec.components.workers().items():
+            name = f"{graph.metadata.name}-{pool}"
+            try:
+                dgc = await self.kube.get("DynamoGraphComponent", graph.metadata.namespace, name)
+                current[pool] = int(dgc["spec"]["replicas"])
+            except kube_mod.ApiError as error:
+                if not error.not_found:
+                    raise
+                current[pool] = worker.replicas  # the operator has not made it yet
+        return current
+
+    async def plan_graph(self, body: dict[str, Any]) -> core.Plan | None:
+        graph = api.DynamoGraph.model_validate(body)
+        namespace, name = graph.metadata.namespace, graph.metadata.name
+        key = (namespace, name)
+        config = core.config_from_spec(graph.spec, startup_s=self.startup_s, hold_s=self.hold_s)
+        try:
+            capacity = await self._capacity(graph)
+        except ProfileError as error:
+            ERRORS.labels("profile").inc()
+            await self._report(body, plan=None, active=False, reason="NoProfile", message=str(error))
+            return None
+        current = await self._current(graph)
+        observation = await asyncio.to_thread(
+            self.observer.observe, namespace=namespace, graph=name, window_s=int(config.interval_s),
+            percentile=config.sla.percentile)
+        plan, self.memory[key] = core.plan_interval(
+            config, observation, self.memory.get(key, core.GraphMemory()), current=current, capacity=capacity,
+            now=time.monotonic())
+        self._export(namespace, name, plan)
+        logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
+
+        changed = {pool: n for pool, n in plan.replicas.items() if n != current.get(pool)}
+        if config.mode == "sla":
+            for pool, replicas in changed.items():
+                await self.kube.patch("DynamoGraphComponent", namespace, f"{name}-{pool}",
+                                      {"spec": {"replicas": replicas}}, subresource="scale")
+            if changed:
+                await self._event(body, "Scaled", ", ".join(f"{p} {current[p]}→{n}" for p, n in changed.items())
+                                  + f": {plan.reason}")
+        if not plan.data_ok:
+            ERRORS.labels("no-data").inc()
+            await self._report(body, plan=plan, active=False, reason="NoMetrics",
+                               message=f"holding replicas: {observation.error or 'incomplete metrics'}")
+        else:
+            verb = "scaling" if config.mode == "sla" else "advising (mode advisory: replicas untouched)"
+            await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}")
+        return plan
+
+    def _export(self, namespace: str, name: str, plan: core.Plan) -> None:
+        HOLDING.labels(namespace, name).set(0 if plan.data_ok else 1)
+        if plan.observed.rate_rps is not None:
+            OBSERVED_RATE.labels(namespace, name).set(plan.observed.rate_rps)
+        if plan.predicted is not None:
+            PREDICTED_RATE.labels(namespace, name).set(plan.predicted.rate_rps)
+        if plan.forecast_error is not None:
+            FORECAST_ERROR.labels(namespace, name).set(plan.forecast_error)
+        for pool, replicas in plan.replicas.items():
+            DESIRED.labels(namespace, name, pool).set(replicas)
+        CORRECTION.labels(namespace, name, "prefill").set(plan.corrections.prefill)
+        CORRECTION.labels(namespace, name, "decode").set(plan.corrections.decode)
+
+    async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
+                      message: str) -> None:
+        previous = {c.get("type"): c for c in body.get("status", {}).get("conditions", [])}.get("PlannerActive", {})
+        status = "True" if active else "False"
+        stamp = previous.get("lastTransitionTime") if previous.get("status") == status else _now_rfc3339()
+        block: dict[str, Any] = {"lastDecisionTime": _now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
+                                 "reason": message[:1024]}
+        if plan is not None:
+            block["replicas"] = dict(plan.replicas)
+            block["summary"] = ", ".join(f"{p}={n}" for p, n in plan.replicas.items()) + (
+                "" if plan.data_ok else " (holding)")
+            if plan.observed.rate_rps is not None:
+                block["observedRateRps"] = round(plan.observed.rate_rps, 3)
+            if plan.predicted is not None:
+                block["predicted"] = {"rateRps": round(plan.predicted.rate_rps, 3), "isl": round(plan.predicted.isl),
+                                      "osl": round(plan.predicted.osl), "predictor": plan.predictor}
+        await self.kube.apply({
+            "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+            "metadata": {"name": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]},
+            "status": {
+                "planner": block,
+                "conditions": [{"type": "PlannerActive", "status": status, "reason": reason, "message": message[:1024],
+                                "lastTransitionTime": stamp,
+                                "observedGeneration": body["metadata"].get("generation", 0)}],
+            },
+        }, subresource="status")
+        if previous.get("reason") != reason:
+            await self._event(body, reason, message, warning=not active)
+
+    async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        try:
+            await self.kube.event(body, type_="Warning" if warning else "Normal", reason=reason, message=message,
+                                  component=FIELD_MANAGER)
+        except kube_mod.ApiError as error:
+            logger.warning("could not record event: %s", error)

@@ -1,0 +1,53 @@
+"""Entry point of `fleetpilot planner run`: one process for every graph with the planner on."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from typing import Any
+
+import prometheus_client
+
+
+async def _main(args: argparse.Namespace) -> None:
+    # Imported here: the predictors pull in statsmodels and prophet, which other commands never need.
+    from fleetpilot import kube
+    from fleetpilot.planner import live
+    from fleetpilot.planner.observe import PrometheusObserver
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    api = kube.KubeApi(field_manager=live.FIELD_MANAGER)
+    planner = live.LivePlanner(api, PrometheusObserver(args.prometheus_url), namespaces=args.namespace or None,
+                               startup_s=args.startup_seconds, hold_s=args.hold_seconds)
+    try:
+        await planner.run(stop)
+    finally:
+        await api.aclose()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "cmdstanpy", "prophet"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.metrics_port:
+        prometheus_client.start_http_server(args.metrics_port)
+    asyncio.run(_main(args))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser("planner", help="the SLA planner for every graph with spec.planner.mode not off")
+    parser.add_argument("action", choices=["run"])
+    parser.add_argument("--prometheus-url", required=True, help="e.g. http://prometheus.monitoring:9090")
+    parser.add_argument("--namespace", "-n", action="append", default=[], help="plan only these (repeatable)")
+    parser.add_argument("--startup-seconds", type=float, default=120.0,
+                        help="how long a new replica takes to become ready: the forecast horizon")
+    parser.add_argument("--hold-seconds", type=float, default=None,
+                        help="how long load must stay low before a scale-down (default: 5 intervals)")
+    parser.add_argument("--metrics-port", type=int, default=8081, help="Prometheus metrics port (0: off)")
+    parser.set_defaults(func=run)

@@ -1,0 +1,81 @@
+"""Step 1 of the planner: observe a graph's load and latency in Prometheus.
+
+Reads only the frontend's metric contract (DESIGN.md): offered request rate, mean ISL and OSL, and
+TTFT and ITL at the SLA percentile through `histogram_quantile`. Prometheus adds the graph and
+namespace labels from the pods' labels at scrape time. An answer that is empty, NaN or older than
+the interval is "no data": the planner then holds, it never decides from nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from prometheus_api_client import PrometheusConnect
+
+from fleetpilot.planner.core import Observation
+
+
+@dataclass(frozen=True)
+class Labels:
+    """The series labels Prometheus' relabelling gives the frontend's metrics."""
+
+    graph: str = "graph"
+    namespace: str = "namespace"
+
+
+def queries(*, namespace: str, graph: str, window_s: int, percentile: float, labels: Labels) -> dict[str, str]:
+    """The PromQL for each observed quantity (pure, so tests and dashboards can share it)."""
+    selector = f'{labels.namespace}="{namespace}",{labels.graph}="{graph}"'
+    window = f"{window_s}s"
+    q = percentile / 100
+
+    def mean(metric: str) -> str:
+        return (f"sum(rate({metric}_sum{{{selector}}}[{window}]))"
+                f" / sum(rate({metric}_count{{{selector}}}[{window}]))")
+
+    def quantile(metric: str) -> str:
+        return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{selector}}}[{window}])))"
+
+    return {
+        "rate_rps": f"sum(rate(fleetpilot_frontend_requests_started_total{{{selector}}}[{window}]))",
+        "isl": mean("fleetpilot_frontend_input_tokens"),
+        "osl": mean("fleetpilot_frontend_output_tokens"),
+        "ttft_s": quantile("fleetpilot_frontend_time_to_first_token_seconds"),
+        "itl_s": quantile("fleetpilot_frontend_inter_token_latency_seconds"),
+    }
+
+
+class PrometheusObserver:
+    """Runs the contract's queries against one Prometheus (synchronous: call it from a thread)."""
+
+    def __init__(self, url: str, *, labels: Labels | None = None, timeout_s: float = 10.0) -> None:
+        self.url = url
+        self.labels = labels or Labels()
+        self.timeout_s = timeout_s
+        self._prometheus = PrometheusConnect(url=url, disable_ssl=True)
+
+    def observe(self, *, namespace: str, graph: str, window_s: int, percentile: float) -> Observation:
+        now = time.time()
+        values: dict[str, float | None] = {}
+        try:
+            for name, promql in queries(namespace=namespace, graph=graph, window_s=window_s, percentile=percentile,
+                                        labels=self.labels).items():
+                values[name] = self._scalar(promql, now=now, max_age_s=window_s)
+        except Exception as error:  # noqa: BLE001 - any failure to read is "no data", never a crash
+            return Observation(time=now, error=f"Prometheus at {self.url} unavailable: {error}")
+        if values["rate_rps"] is None:
+            return Observation(time=now, error=f"no fleetpilot_frontend_* series for {namespace}/{graph} in Prometheus")
+        return Observation(time=now, rate_rps=values["rate_rps"], isl=values["isl"], osl=values["osl"],
+                           ttft_s=values["ttft_s"], itl_s=values["itl_s"])
+
+    def _scalar(self, promql: str, *, now: float, max_age_s: float) -> float | None:
+        result = self._prometheus.custom_query(promql, params={"timeout": f"{self.timeout_s:g}s"})
+        if not result:
+            return None
+        timestamp, raw = result[0]["value"]
+        value = float(raw)
+        if math.isnan(value) or math.isinf(value) or now - float(timestamp) > max_age_s:
+            return None
+        return value

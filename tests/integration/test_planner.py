@@ -1,0 +1,201 @@
+"""The live planner with a real Prometheus and the real control plane.
+
+A stand-in frontend exports the metric contract with values the test controls; Debian's Prometheus
+scrapes it every second, labelling the series with the graph and namespace as the e2e relabelling
+will; the planner runs as `fleetpilot planner run` against both. The test raises and lowers the
+offered rate and stops Prometheus, and reads what the planner wrote to the DynamoGraphComponents'
+/scale and to the graph's status.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from fleetpilot.frontend.metrics import LATENCY_BUCKETS, TOKEN_BUCKETS
+
+from .conftest import Kubectl, OperatorProcess, _free_port, condition, wait_for
+
+pytestmark = pytest.mark.integration
+
+INTERVAL_S = 10
+MODEL = "llama-8b"
+
+
+class ContractExporter:
+    """Exports the frontend's metric contract at a rate the test sets (a stand-in frontend)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.rate_rps = 0.0
+        self.port = _free_port()
+        self.started = Counter("fleetpilot_frontend_requests_started", "", ["model"], registry=self.registry)
+        self.done = Counter("fleetpilot_frontend_requests", "", ["model", "status"], registry=self.registry)
+        self.ttft = Histogram("fleetpilot_frontend_time_to_first_token_seconds", "", ["model"],
+                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("fleetpilot_frontend_inter_token_latency_seconds", "", ["model"],
+                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.isl = Histogram("fleetpilot_frontend_input_tokens", "", ["model"], buckets=TOKEN_BUCKETS,
+                             registry=self.registry)
+        self.osl = Histogram("fleetpilot_frontend_output_tokens", "", ["model"], buckets=TOKEN_BUCKETS,
+                             registry=self.registry)
+        self._stop = threading.Event()
+        self._owed = 0.0
+        start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self._owed += self.rate_rps * 0.1
+            whole = int(self._owed)
+            self._owed -= whole
+            for _ in range(whole):
+                self.started.labels(MODEL).inc()
+                self.done.labels(MODEL, "ok").inc()
+                self.ttft.labels(MODEL).observe(0.15)
+                self.itl.labels(MODEL).observe(0.02)
+                self.isl.labels(MODEL).observe(2000)
+                self.osl.labels(MODEL).observe(200)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class PrometheusProcess:
+    """Debian's prometheus on a loopback port, scraping the exporter every second."""
+
+    def __init__(self, folder: Path, *, target: str, namespace: str, graph: str) -> None:
+        self.folder = folder
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{
+                "job_name": "frontend",
+                "static_configs": [{"targets": [target], "labels": {"graph": graph, "namespace": namespace}}],
+            }],
+        }
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+        self.process = subprocess.Popen(
+            [binary, f"--config.file={self.folder / 'prometheus.yml'}", f"--storage.tsdb.path={self.folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
+            stdout=(self.folder / "prometheus.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_for(lambda: _ok(self.url + "/-/ready"), timeout=30, what="prometheus ready")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def planned(kubectl: Kubectl, operator: OperatorProcess, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    exporter = ContractExporter()
+    prometheus = PrometheusProcess(tmp_path, target=f"127.0.0.1:{exporter.port}", namespace=namespace,
+                                   graph="planned")
+    prometheus.start()
+    kubectl.apply({
+        "apiVersion": "fleetpilot.dev/v1alpha1", "kind": "DynamoGraph", "metadata": {"name": "planned"},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": MODEL},
+            "engine": {"framework": "simulator"},
+            "components": {"prefill": {"replicas": 1, "scaling": {"min": 1, "max": 8}},
+                           "decode": {"replicas": 1, "scaling": {"min": 1, "max": 8}}},
+            "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50, "percentile": 90},
+                        "predictor": "constant", "intervalSeconds": INTERVAL_S},
+        },
+    }, namespace)
+    log = (tmp_path / "planner.log").open("wb")
+    planner = subprocess.Popen(
+        [str(Path(sys.executable).parent / "fleetpilot"), "planner", "run", "--prometheus-url", prometheus.url,
+         "--namespace", namespace, "--startup-seconds", "10", "--hold-seconds", "20", "--metrics-port", "0"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "KUBECONFIG": str(kubectl.kubeconfig)},
+    )
+    try:
+        yield {"exporter": exporter, "prometheus": prometheus, "planner": planner, "log": tmp_path / "planner.log"}
+    finally:
+        os.killpg(planner.pid, signal.SIGTERM)
+        planner.wait(timeout=30)
+        prometheus.stop()
+        exporter.stop()
+        assert "Traceback" not in (tmp_path / "planner.log").read_text(), (tmp_path / "planner.log").read_text()[-4000:]
+
+
+def replicas(kubectl: Kubectl, namespace: str) -> dict[str, int]:
+    return {c: int(kubectl.json("get", "dgc", f"planned-{c}", "-n", namespace)["spec"]["replicas"])
+            for c in ("prefill", "decode")}
+
+
+def test_planner_scales_up_with_load_down_after_the_hold_and_holds_without_metrics(
+    kubectl: Kubectl, namespace: str, planned: dict[str, Any]
+) -> None:
+    exporter: ContractExporter = planned["exporter"]
+    exporter.rate_rps = 1.0
+    graph = lambda: kubectl.json("get", "dg", "planned", "-n", namespace)
+    wait_for(lambda: condition(graph(), "PlannerActive").get("status") == "True", timeout=60,
+             what=lambda: f"the planner active; status: {graph().get('status')}; log:\n"
+                          f"{planned['log'].read_text()[-3000:]}")
+    low = replicas(kubectl, namespace)
+    assert low == {"prefill": 1, "decode": 1}, graph()["status"].get("planner")
+
+    raised_at = time.monotonic()
+    exporter.rate_rps = 120.0
+    high = wait_for(lambda: (r := replicas(kubectl, namespace))["prefill"] > 1 and r["decode"] > 1 and r,
+                    timeout=2 * INTERVAL_S + 15, what="prefill and decode to scale up")
+    print(f"\nscaled up to {high} {time.monotonic() - raised_at:.1f}s after the rate rose")
+    status = graph()["status"]
+    assert status["planner"]["predicted"]["rateRps"] > 50
+    assert "prefill" in status["planner"]["replicas"]
+    table = kubectl.run("get", "dg", "planned", "-n", namespace).stdout
+    assert "prefill=" in table, table  # kubectl get dg shows the planner's last decision
+    # The graph's own spec is never touched by the planner.
+    assert graph()["spec"]["components"]["decode"]["replicas"] == 1
+
+    lowered_at = time.monotonic()
+    exporter.rate_rps = 1.0
+    first_drop = wait_for(lambda: (r := replicas(kubectl, namespace)) != high and r, timeout=90,
+                          what="a scale-down after the hold")
+    waited = time.monotonic() - lowered_at
+    print(f"first scale-down to {first_drop} {waited:.1f}s after the rate fell")
+    assert waited >= 20 - 1, "scaled down before the 20 s hold"
+    assert all(high[c] - first_drop[c] <= 1 for c in high), "more than one step down per hold period"
+
+    planned["prometheus"].stop()
+    before = replicas(kubectl, namespace)
+    wait_for(lambda: condition(graph(), "PlannerActive").get("reason") == "NoMetrics", timeout=3 * INTERVAL_S,
+             what="PlannerActive=False/NoMetrics")
+    held = condition(graph(), "PlannerActive")
+    assert held["status"] == "False" and "Prometheus" in held["message"]
+    time.sleep(INTERVAL_S + 2)
+    assert replicas(kubectl, namespace) == before
+
+    planned["prometheus"].start()
+    wait_for(lambda: condition(graph(), "PlannerActive").get("status") == "True", timeout=4 * INTERVAL_S,
+             what="planning to resume once Prometheus is back")
