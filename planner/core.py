@@ -109,6 +109,7 @@ class Plan:
     corrections: sizing.Corrections = dataclasses.field(default_factory=sizing.Corrections)
     forecast_error: float | None = None  # |forecast - observed| / observed, for the previous forecast
     predictor: str = ""
+    wanted_gpus: int | None = None  # what the decision would use with no budget: its claim on a shared one
 
     @property
     def reason(self) -> str:
@@ -141,6 +142,21 @@ def _corrections(
         prefill=sizing.correction(observation.ttft_s, expected_ttft if math.isfinite(expected_ttft) else None),
         decode=sizing.correction(observation.itl_s, expected_itl if math.isfinite(expected_itl) else None),
     )
+
+
+def min_gpus(config: GraphPlanConfig) -> int:
+    return sum(bound.min_replicas * config.gpus_per_replica[pool] for pool, bound in config.bounds.items())
+
+
+def budget_share(
+    claims: Mapping[str, sizing.BudgetClaim], *, graph: str, total: int, own_cap: int | None
+) -> tuple[int, str]:
+    """This graph's share of a budget shared with the others that name it (their last claims)."""
+    split = sizing.split_budget(list(claims.values()), total)
+    share = split.gpus.get(graph, total)
+    if own_cap is not None and own_cap < share:
+        return own_cap, f"gpuBudget {own_cap} (below its {share}-GPU share of the shared budget)"
+    return share, split.reasons.get(graph, "")
 
 
 def plan_interval(
@@ -184,15 +200,20 @@ def plan_interval(
         desired = sizing.size(load, capacity, config.sla, corrections, headroom=config.headroom)
     else:
         desired = sizing.size_aggregated(load, capacity, config.sla, corrections, headroom=config.headroom)
-    decision = sizing.constrain(
-        desired, current=current, bounds=config.bounds, gpus_per_replica=config.gpus_per_replica,
-        gpu_budget=config.gpu_budget, state=memory.scale_down, now=now, hold_seconds=config.hold_s,
-        max_step_down=config.max_step_down,
-    )
+    def constrained(budget: int | None) -> sizing.Decision:
+        return sizing.constrain(
+            desired, current=current, bounds=config.bounds, gpus_per_replica=config.gpus_per_replica,
+            gpu_budget=budget, state=memory.scale_down, now=now, hold_seconds=config.hold_s,
+            max_step_down=config.max_step_down,
+        )
+
+    unbudgeted = constrained(None)
+    wanted = sum(n * config.gpus_per_replica[pool] for pool, n in unbudgeted.replicas.items())
+    decision = unbudgeted if config.gpu_budget is None else constrained(config.gpu_budget)
     used = forecast.predictor + (f" (fell back: {forecast.fallback})" if forecast.fallback else "")
     plan = Plan(
         replicas=decision.replicas, reasons=[desired.reason, *decision.reasons], data_ok=True, observed=observation,
-        predicted=load, corrections=corrections, forecast_error=forecast_error, predictor=used,
+        predicted=load, corrections=corrections, forecast_error=forecast_error, predictor=used, wanted_gpus=wanted,
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast)

@@ -13,6 +13,7 @@ and the condition says why; planning resumes by itself when data returns.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import time
@@ -70,7 +71,10 @@ class ProfileError(Exception):
 
 class LivePlanner:
     def __init__(self, kube: kube_mod.KubeApi, observer: PrometheusObserver, *, namespaces: list[str] | None = None,
-                 startup_s: float = 120.0, hold_s: float | None = None) -> None:
+                 startup_s: float = 120.0, hold_s: float | None = None, budgets: dict[str, int] | None = None) -> None:
+        self.budgets = budgets or {}
+        # Each graph's last claim on its shared budget; a graph's share uses the others' latest claims.
+        self.claims: dict[str, dict[str, sizing.BudgetClaim]] = {}
         self.kube = kube
         self.observer = observer
         self.namespaces = namespaces or [None]  # type: ignore[list-item]
@@ -160,6 +164,22 @@ class LivePlanner:
         namespace, name = graph.metadata.namespace, graph.metadata.name
         key = (namespace, name)
         config = core.config_from_spec(graph.spec, startup_s=self.startup_s, hold_s=self.hold_s)
+        budget_note = ""
+        budget = graph.spec.planner.budget
+        if budget is not None:
+            if budget not in self.budgets:
+                await self._report(body, plan=None, active=False, reason="UnknownBudget",
+                                   message=f"spec.planner.budget {budget!r} is not one of the planner's budgets"
+                                   f" ({', '.join(sorted(self.budgets)) or 'none'}); start the planner with"
+                                   f" --gpu-budget {budget}=GPUS")
+                return None
+            claims = self.claims.setdefault(budget, {})
+            claims.setdefault(f"{namespace}/{name}", sizing.BudgetClaim(
+                graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
+                wanted_gpus=core.min_gpus(config)))
+            share, budget_note = core.budget_share(claims, graph=f"{namespace}/{name}", total=self.budgets[budget],
+                                                   own_cap=config.gpu_budget)
+            config = dataclasses.replace(config, gpu_budget=share)
         try:
             capacity = await self._capacity(graph)
         except ProfileError as error:
@@ -173,6 +193,12 @@ class LivePlanner:
         plan, self.memory[key] = core.plan_interval(
             config, observation, self.memory.get(key, core.GraphMemory()), current=current, capacity=capacity,
             now=time.monotonic())
+        if budget is not None and plan.wanted_gpus is not None:
+            self.claims[budget][f"{namespace}/{name}"] = sizing.BudgetClaim(
+                graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
+                wanted_gpus=plan.wanted_gpus)
+        if budget_note:
+            plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
         self._export(namespace, name, plan)
         logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
 

@@ -22,8 +22,14 @@ async def _main(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     api = kube.KubeApi(field_manager=live.FIELD_MANAGER)
+    budgets = {}
+    for item in args.gpu_budget:
+        name, _, gpus = item.partition("=")
+        if not gpus.isdigit():
+            raise SystemExit(f"fleetpilot planner: --gpu-budget takes NAME=GPUS, not {item!r}")
+        budgets[name] = int(gpus)
     planner = live.LivePlanner(api, PrometheusObserver(args.prometheus_url), namespaces=args.namespace or None,
-                               startup_s=args.startup_seconds, hold_s=args.hold_seconds)
+                               startup_s=args.startup_seconds, hold_s=args.hold_seconds, budgets=budgets)
     try:
         await planner.run(stop)
     finally:
@@ -49,5 +55,7 @@ def add_parser(sub: Any) -> None:
                         help="how long a new replica takes to become ready: the forecast horizon")
     parser.add_argument("--hold-seconds", type=float, default=None,
                         help="how long load must stay low before a scale-down (default: 5 intervals)")
+    parser.add_argument("--gpu-budget", action="append", default=[], metavar="NAME=GPUS",
+                        help="a GPU budget graphs share by naming it in spec.planner.budget (repeatable)")
     parser.add_argument("--metrics-port", type=int, default=8081, help="Prometheus metrics port (0: off)")
     parser.set_defaults(func=run)

@@ -233,7 +233,13 @@ class PlannerSpec(ApiModel):
     sla: SlaTarget | None = None
     predictor: Literal["constant", "arima", "prophet", "kalman"] = "arima"
     interval_seconds: int = Field(default=60, ge=10, le=3600)
-    gpu_budget: int | None = Field(default=None, ge=1, description="Most GPUs the planner may use.")
+    gpu_budget: int | None = Field(default=None, ge=1, description="Most GPUs the planner may use for this graph.")
+    budget: str | None = Field(
+        default=None, pattern=DNS1035_LABEL, max_length=63,
+        description="A GPU budget shared with other graphs naming it; its size is the planner's --gpu-budget.",
+    )
+    priority: int = Field(default=0, ge=-1000, le=1000,
+                          description="Within a shared budget, higher priority is served first.")
     profile_ref: ProfileRef | None = None
 
 

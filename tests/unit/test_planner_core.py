@@ -1,0 +1,90 @@
+"""The planner core: one interval of one graph, as a pure function (the live loop's and replay's heart)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import capacity, core, live, sizing
+
+
+@pytest.fixture(scope="module")
+def model() -> capacity.CapacityModel:
+    return capacity.CapacityModel(live.simulator_profile(1))
+
+
+def config(**planner: object) -> core.GraphPlanConfig:
+    spec = api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": "simulator"},
+        "components": {"prefill": {"scaling": {"min": 1, "max": 16}}, "decode": {"scaling": {"min": 1, "max": 16}}},
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
+                    "intervalSeconds": 60, **planner},
+    })
+    return core.config_from_spec(spec, startup_s=120, hold_s=300)
+
+
+def seen(rate: float) -> core.Observation:
+    return core.Observation(time=0.0, rate_rps=rate, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02)
+
+
+ONE_EACH = {"prefill": 1, "decode": 1}
+
+
+def test_missing_data_holds_replicas_and_keeps_history(model: capacity.CapacityModel) -> None:
+    memory = core.GraphMemory(rates=(5.0,), isls=(2000.0,), osls=(200.0,))
+    plan, after = core.plan_interval(config(), core.Observation(time=0.0, error="Prometheus down"), memory,
+                                     current={"prefill": 3, "decode": 2}, capacity=model, now=100.0)
+    assert not plan.data_ok and dict(plan.replicas) == {"prefill": 3, "decode": 2}
+    assert "Prometheus down" in plan.reason
+    assert after.rates == memory.rates
+
+
+def test_more_load_means_more_replicas_of_both_pools(model: capacity.CapacityModel) -> None:
+    light, _ = core.plan_interval(config(), seen(1.0), core.GraphMemory(), current=ONE_EACH, capacity=model, now=0.0)
+    heavy, _ = core.plan_interval(config(), seen(100.0), core.GraphMemory(), current=ONE_EACH, capacity=model,
+                                  now=0.0)
+    assert dict(light.replicas) == ONE_EACH
+    assert heavy.replicas["prefill"] > 1 and heavy.replicas["decode"] > 1
+    assert heavy.predicted is not None and heavy.predicted.rate_rps == pytest.approx(100.0)
+
+
+def test_the_horizon_sizes_for_the_peak_before_a_new_replica_is_ready(
+    model: capacity.CapacityModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A predictor forecasting a rise within the start-up time gets the replicas for the rise now."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Rising:
+        name: str = "rising"
+
+        def forecast(self, history: object, *, steps: int, step_seconds: float) -> object:
+            from fleetpilot.planner.predict import Forecast
+
+            mean = tuple(10.0 * (i + 1) for i in range(steps))
+            return Forecast(mean=mean, lower=mean, upper=mean, predictor="rising", fallback=None)
+
+    monkeypatch.setattr(core.predict, "make_predictor", lambda name, **_: Rising())
+    plan, _ = core.plan_interval(config(), seen(10.0), core.GraphMemory(), current=ONE_EACH, capacity=model, now=0.0)
+    assert config().horizon_steps == 2
+    assert plan.predicted is not None and plan.predicted.rate_rps == pytest.approx(20.0)
+
+
+def test_a_budget_caps_the_decision_but_the_claim_says_what_was_wanted(model: capacity.CapacityModel) -> None:
+    plan, _ = core.plan_interval(config(gpuBudget=4), seen(100.0), core.GraphMemory(), current=ONE_EACH,
+                                 capacity=model, now=0.0)
+    assert sum(plan.replicas.values()) <= 4
+    assert plan.wanted_gpus is not None and plan.wanted_gpus > 4
+
+
+def test_a_shared_budget_serves_the_higher_priority_graph_first() -> None:
+    claims = {
+        "ns/gold": sizing.BudgetClaim(graph="ns/gold", priority=10, min_gpus=2, wanted_gpus=12),
+        "ns/bronze": sizing.BudgetClaim(graph="ns/bronze", priority=0, min_gpus=2, wanted_gpus=12),
+    }
+    gold, _ = core.budget_share(claims, graph="ns/gold", total=16, own_cap=None)
+    bronze, _ = core.budget_share(claims, graph="ns/bronze", total=16, own_cap=None)
+    assert (gold, bronze) == (12, 4)
+    capped, why = core.budget_share(claims, graph="ns/gold", total=16, own_cap=6)
+    assert capped == 6 and "gpuBudget 6" in why
