@@ -317,8 +317,36 @@ def _constant(values: FloatArray, *, steps: int, settings: Constant, fallback: s
     return _finish(mean, mean - half_width, mean + half_width, predictor=Constant.name, fallback=fallback)
 
 
+class _FittedPredictor:
+    """What the model-based predictors share: a history window bounded by the fit-time budget, the
+    fallback to `Constant` on short, flat or failing fits, and clipping (all in `_guarded`)."""
+
+    name: ClassVar[str]
+    seconds_per_point: ClassVar[float]  # measured worst-case fit cost per history point
+    min_points: int
+    max_history_s: float
+    max_fit_seconds: float
+    maxiter: int
+    coverage: float
+
+    def _check_options(self) -> None:
+        _check_options(coverage=self.coverage, min_points=self.min_points, maxiter=self.maxiter,
+                       max_fit_seconds=self.max_fit_seconds, max_history_s=self.max_history_s)
+
+    def forecast(self, history: Sequence[float], *, steps: int, step_seconds: float) -> Forecast:
+        window = fit_window(n_points=len(history), step_seconds=step_seconds, min_points=self.min_points,
+                            max_history_s=self.max_history_s, max_fit_seconds=self.max_fit_seconds,
+                            seconds_per_point=self.seconds_per_point)
+        return _guarded(self.name, history, steps=steps, step_seconds=step_seconds,
+                        min_points=self.min_points, window=window, coverage=self.coverage,
+                        fit=lambda y: self._fit(y, steps=steps, step_seconds=step_seconds))
+
+    def _fit(self, y: FloatArray, *, steps: int, step_seconds: float) -> _Fitted:
+        raise NotImplementedError
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Arima:
+class Arima(_FittedPredictor):
     """Fourier regression for the daily (and hourly) shape, then ARIMA`order` on the remainder.
 
     Two stages instead of SARIMAX with the Fourier terms as exogenous regressors: the same
@@ -329,6 +357,7 @@ class Arima:
     """
 
     name: ClassVar[str] = "arima"
+    seconds_per_point: ClassVar[float] = ARIMA_SECONDS_PER_POINT
     order: tuple[int, int, int] = (2, 1, 1)
     seasonal_periods: tuple[tuple[float, int], ...] = ((DAY_S, 3), (HOUR_S, 2))
     min_points: int = 20  # ARMA(2,1) + variance after one difference: ~4 points per parameter
@@ -338,16 +367,7 @@ class Arima:
     coverage: float = 0.8
 
     def __post_init__(self) -> None:
-        _check_options(coverage=self.coverage, min_points=self.min_points, maxiter=self.maxiter,
-                       max_fit_seconds=self.max_fit_seconds, max_history_s=self.max_history_s)
-
-    def forecast(self, history: Sequence[float], *, steps: int, step_seconds: float) -> Forecast:
-        window = fit_window(n_points=len(history), step_seconds=step_seconds, min_points=self.min_points,
-                            max_history_s=self.max_history_s, max_fit_seconds=self.max_fit_seconds,
-                            seconds_per_point=ARIMA_SECONDS_PER_POINT)
-        return _guarded(self.name, history, steps=steps, step_seconds=step_seconds,
-                        min_points=self.min_points, window=window, coverage=self.coverage,
-                        fit=lambda y: self._fit(y, steps=steps, step_seconds=step_seconds))
+        self._check_options()
 
     def _fit(self, y: FloatArray, *, steps: int, step_seconds: float) -> _Fitted:
         n = len(y)
@@ -369,7 +389,7 @@ KALMAN_TRENDS: Final = ("local level", "random walk", "local linear trend", "loc
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Kalman:
+class Kalman(_FittedPredictor):
     """Structural model: a `trend` plus stochastic Fourier seasonals, estimated by the Kalman filter.
 
     The default trend is a local level, not a local linear trend: a slope estimated from noisy
@@ -380,6 +400,7 @@ class Kalman:
     """
 
     name: ClassVar[str] = "kalman"
+    seconds_per_point: ClassVar[float] = KALMAN_SECONDS_PER_POINT
     trend: str = "local level"  # one of KALMAN_TRENDS
     seasonal_periods: tuple[tuple[float, int], ...] = ((DAY_S, 3), (HOUR_S, 2))
     min_points: int = 16  # three or four variances to estimate
@@ -389,19 +410,10 @@ class Kalman:
     coverage: float = 0.8
 
     def __post_init__(self) -> None:
-        _check_options(coverage=self.coverage, min_points=self.min_points, maxiter=self.maxiter,
-                       max_fit_seconds=self.max_fit_seconds, max_history_s=self.max_history_s)
+        self._check_options()
         # A misspelt trend would otherwise fail inside every fit and fall back silently, forever.
         if self.trend not in KALMAN_TRENDS:
             raise ValueError(f"unknown Kalman trend {self.trend!r}; choose one of: {', '.join(KALMAN_TRENDS)}")
-
-    def forecast(self, history: Sequence[float], *, steps: int, step_seconds: float) -> Forecast:
-        window = fit_window(n_points=len(history), step_seconds=step_seconds, min_points=self.min_points,
-                            max_history_s=self.max_history_s, max_fit_seconds=self.max_fit_seconds,
-                            seconds_per_point=KALMAN_SECONDS_PER_POINT)
-        return _guarded(self.name, history, steps=steps, step_seconds=step_seconds,
-                        min_points=self.min_points, window=window, coverage=self.coverage,
-                        fit=lambda y: self._fit(y, steps=steps, step_seconds=step_seconds))
 
     def _fit(self, y: FloatArray, *, steps: int, step_seconds: float) -> _Fitted:
         terms = seasonal_terms(n_points=len(y), step_seconds=step_seconds, periods=self.seasonal_periods)
@@ -414,7 +426,7 @@ class Kalman:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ProphetPredictor:
+class ProphetPredictor(_FittedPredictor):
     """Prophet's trend and seasonalities, then ARIMA`residual_order` on Prophet's residuals.
 
     Prophet models the series as a function of time only, so alone it ignores where the last
@@ -427,6 +439,7 @@ class ProphetPredictor:
     """
 
     name: ClassVar[str] = "prophet"
+    seconds_per_point: ClassVar[float] = PROPHET_SECONDS_PER_POINT
     residual_order: tuple[int, int, int] | None = (1, 1, 1)
     daily_order: int = 4  # Prophet's own default; 10 fitted the ServeGen days no better
     weekly_order: int = 3
@@ -439,16 +452,7 @@ class ProphetPredictor:
     coverage: float = 0.8
 
     def __post_init__(self) -> None:
-        _check_options(coverage=self.coverage, min_points=self.min_points, maxiter=self.maxiter,
-                       max_fit_seconds=self.max_fit_seconds, max_history_s=self.max_history_s)
-
-    def forecast(self, history: Sequence[float], *, steps: int, step_seconds: float) -> Forecast:
-        window = fit_window(n_points=len(history), step_seconds=step_seconds, min_points=self.min_points,
-                            max_history_s=self.max_history_s, max_fit_seconds=self.max_fit_seconds,
-                            seconds_per_point=PROPHET_SECONDS_PER_POINT)
-        return _guarded(self.name, history, steps=steps, step_seconds=step_seconds,
-                        min_points=self.min_points, window=window, coverage=self.coverage,
-                        fit=lambda y: self._fit(y, steps=steps, step_seconds=step_seconds))
+        self._check_options()
 
     def _fit(self, y: FloatArray, *, steps: int, step_seconds: float) -> _Fitted:
         import pandas as pd

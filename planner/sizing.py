@@ -86,12 +86,10 @@ def clamp_correction(factor: float) -> float:
     return min(CORRECTION_MAX, max(CORRECTION_MIN, factor))
 
 
-@dataclasses.dataclass(frozen=True)
-class Desired:
-    """Replicas each pool needs for the load, before any bounds, budget or hysteresis."""
+class _ReplicasByPool:
+    """Read a decision's replicas as attributes: `plan.prefill` rather than `plan.replicas["prefill"]`."""
 
     replicas: Mapping[Pool, int]
-    reason: str
 
     @property
     def prefill(self) -> int:
@@ -104,6 +102,14 @@ class Desired:
     @property
     def aggregated(self) -> int:
         return self.replicas.get("aggregated", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Desired(_ReplicasByPool):
+    """Replicas each pool needs for the load, before any bounds, budget or hysteresis."""
+
+    replicas: Mapping[Pool, int]
+    reason: str
 
 
 # -- step 3: size ----------------------------------------------------------------------------------------
@@ -258,24 +264,12 @@ class ScaleDownState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Decision:
+class Decision(_ReplicasByPool):
     """The replicas the planner will run per pool, why, and the state for the next interval."""
 
     replicas: Mapping[Pool, int]
     reasons: list[str]
     state: ScaleDownState
-
-    @property
-    def prefill(self) -> int:
-        return self.replicas.get("prefill", 0)
-
-    @property
-    def decode(self) -> int:
-        return self.replicas.get("decode", 0)
-
-    @property
-    def aggregated(self) -> int:
-        return self.replicas.get("aggregated", 0)
 
 
 def _gpus(replicas: Mapping[Pool, int], gpus_per_replica: Mapping[Pool, int]) -> int:
