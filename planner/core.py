@@ -127,15 +127,15 @@ def _recent_mean(series: tuple[float, ...], k: int = 6) -> float:
 
 def _corrections(
     config: GraphPlanConfig, capacity: capacities.CapacityModel, observation: Observation,
-    current: Mapping[sizing.Pool, int],
+    serving: Mapping[sizing.Pool, int],
 ) -> sizing.Corrections:
-    """Observed over expected latency at the load each replica actually carried."""
+    """Observed over expected latency at the load each serving (ready) replica actually carried."""
     if not observation.rate_rps or observation.isl is None or observation.osl is None:
         return sizing.Corrections()
     prefill_pool: sizing.Pool = "prefill" if config.disaggregated else "aggregated"
     decode_pool: sizing.Pool = "decode" if config.disaggregated else "aggregated"
-    prefill_rate = observation.rate_rps / max(current.get(prefill_pool, 1), 1)
-    decode_rate = observation.rate_rps / max(current.get(decode_pool, 1), 1)
+    prefill_rate = observation.rate_rps / max(serving.get(prefill_pool, 1), 1)
+    decode_rate = observation.rate_rps / max(serving.get(decode_pool, 1), 1)
     expected_ttft = capacity.expected_ttft_s(observation.isl, prefill_rate, percentile=config.sla.percentile)
     expected_itl = capacity.expected_itl_s(observation.isl, observation.osl, decode_rate)
     return sizing.Corrections(
@@ -167,8 +167,13 @@ def plan_interval(
     current: Mapping[sizing.Pool, int],
     capacity: capacities.CapacityModel,
     now: float,
+    ready: Mapping[sizing.Pool, int] | None = None,
 ) -> tuple[Plan, GraphMemory]:
-    """Predict, size and constrain one graph for one interval (pure)."""
+    """Predict, size and constrain one graph for one interval (pure).
+
+    `current` is what each pool is asked to run (the DynamoGraphComponents' replicas); `ready`, when
+    known, what actually served the observed interval, which is what the latency corrections compare.
+    """
     if not observation.complete:
         why = observation.error or "incomplete metrics"
         decision = sizing.constrain(
@@ -195,7 +200,7 @@ def plan_interval(
     peak_rate = max(max(forecast.mean), 0.0)
     isl, osl = _recent_mean(memory.isls), _recent_mean(memory.osls)
     load = sizing.Load(rate_rps=peak_rate, isl=max(isl, 1.0), osl=max(osl, 1.0))
-    corrections = _corrections(config, capacity, observation, current)
+    corrections = _corrections(config, capacity, observation, ready if ready is not None else current)
     if config.disaggregated:
         desired = sizing.size(load, capacity, config.sla, corrections, headroom=config.headroom)
     else:

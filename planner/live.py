@@ -146,18 +146,21 @@ class LivePlanner:
                 raise ProfileError(f"profile in ConfigMap {ref.config_map}/{ref.key} is invalid: {error}") from error
         return self._profiles[cache_key]
 
-    async def _current(self, graph: api.DynamoGraph) -> dict[sizing.Pool, int]:
+    async def _replicas(self, graph: api.DynamoGraph) -> tuple[dict[sizing.Pool, int], dict[sizing.Pool, int]]:
+        """(asked for, ready) per pool, from the DynamoGraphComponents the operator keeps current."""
         current: dict[sizing.Pool, int] = {}
+        ready: dict[sizing.Pool, int] = {}
         for pool, worker in graph.spec.components.workers().items():
             name = f"{graph.metadata.name}-{pool}"
             try:
                 dgc = await self.kube.get("DynamoGraphComponent", graph.metadata.namespace, name)
                 current[pool] = int(dgc["spec"]["replicas"])
+                ready[pool] = int(dgc.get("status", {}).get("readyReplicas", current[pool]))
             except kube_mod.ApiError as error:
                 if not error.not_found:
                     raise
-                current[pool] = worker.replicas  # the operator has not made it yet
-        return current
+                current[pool] = ready[pool] = worker.replicas  # the operator has not made it yet
+        return current, ready
 
     async def plan_graph(self, body: dict[str, Any]) -> core.Plan | None:
         graph = api.DynamoGraph.model_validate(body)
@@ -186,13 +189,13 @@ class LivePlanner:
             ERRORS.labels("profile").inc()
             await self._report(body, plan=None, active=False, reason="NoProfile", message=str(error))
             return None
-        current = await self._current(graph)
+        current, ready = await self._replicas(graph)
         observation = await asyncio.to_thread(
             self.observer.observe, namespace=namespace, graph=name, window_s=int(config.interval_s),
             percentile=config.sla.percentile)
         plan, self.memory[key] = core.plan_interval(
             config, observation, self.memory.get(key, core.GraphMemory()), current=current, capacity=capacity,
-            now=time.monotonic())
+            now=time.monotonic(), ready=ready)
         if budget is not None and plan.wanted_gpus is not None:
             self.claims[budget][f"{namespace}/{name}"] = sizing.BudgetClaim(
                 graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
