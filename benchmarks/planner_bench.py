@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import time
 from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the planner runs (fleetpilot/cli.py); before numpy
 
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity, core, live
