@@ -329,6 +329,9 @@ class _FittedPredictor:
     maxiter: int
     coverage: float
 
+    def __post_init__(self) -> None:
+        self._check_options()
+
     def _check_options(self) -> None:
         _check_options(coverage=self.coverage, min_points=self.min_points, maxiter=self.maxiter,
                        max_fit_seconds=self.max_fit_seconds, max_history_s=self.max_history_s)
@@ -365,9 +368,6 @@ class Arima(_FittedPredictor):
     max_fit_seconds: float = 0.5
     maxiter: int = 50
     coverage: float = 0.8
-
-    def __post_init__(self) -> None:
-        self._check_options()
 
     def _fit(self, y: FloatArray, *, steps: int, step_seconds: float) -> _Fitted:
         n = len(y)
@@ -410,7 +410,7 @@ class Kalman(_FittedPredictor):
     coverage: float = 0.8
 
     def __post_init__(self) -> None:
-        self._check_options()
+        super().__post_init__()
         # A misspelt trend would otherwise fail inside every fit and fall back silently, forever.
         if self.trend not in KALMAN_TRENDS:
             raise ValueError(f"unknown Kalman trend {self.trend!r}; choose one of: {', '.join(KALMAN_TRENDS)}")
@@ -450,9 +450,6 @@ class ProphetPredictor(_FittedPredictor):
     max_fit_seconds: float = 0.5
     maxiter: int = 2000
     coverage: float = 0.8
-
-    def __post_init__(self) -> None:
-        self._check_options()
 
     def _fit(self, y: FloatArray, *, steps: int, step_seconds: float) -> _Fitted:
         import pandas as pd

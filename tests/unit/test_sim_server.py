@@ -19,29 +19,11 @@ import httpx
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
+from sim_timing import PREFILL_S_PER_TOKEN, FakeTiming
 
 from fleetpilot.sim import engine, server
 
 MODEL = "llama-8b"
-PREFILL_S_PER_TOKEN = 1e-5  # 1 ms per 100 tokens
-DECODE_STEP_S = 0.010
-
-
-class FakeTiming:
-    def __init__(self, capacity: int = 1_000_000) -> None:
-        self.capacity = capacity
-
-    def prefill_time(self, batch_tokens: int, context_tokens: int = 0) -> float:
-        return batch_tokens * PREFILL_S_PER_TOKEN
-
-    def decode_step_time(self, batch_size: int, total_context: int) -> float:
-        return DECODE_STEP_S
-
-    def kv_capacity_tokens(self) -> int:
-        return self.capacity
-
-    def kv_transfer_time(self, tokens: int, bandwidth_bytes_per_s: float) -> float:
-        return tokens * 1e-6
 
 
 @dataclass
