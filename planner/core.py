@@ -168,11 +168,14 @@ def plan_interval(
     capacity: capacities.CapacityModel,
     now: float,
     ready: Mapping[sizing.Pool, int] | None = None,
+    predictor: predict.Predictor | None = None,
 ) -> tuple[Plan, GraphMemory]:
     """Predict, size and constrain one graph for one interval (pure).
 
     `current` is what each pool is asked to run (the DynamoGraphComponents' replicas); `ready`, when
     known, what actually served the observed interval, which is what the latency corrections compare.
+    `predictor` replaces the one the config names (the backtest passes one that remembers forecasts
+    it has already made for the same history, so a sweep fits each model once).
     """
     if not observation.complete:
         why = observation.error or "incomplete metrics"
@@ -195,7 +198,8 @@ def plan_interval(
     if memory.forecast_for_now is not None and rate > 0:
         forecast_error = abs(memory.forecast_for_now - rate) / rate
 
-    forecast = predict.make_predictor(config.predictor).forecast(
+    forecaster = predictor if predictor is not None else predict.make_predictor(config.predictor)
+    forecast = forecaster.forecast(
         memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s)
     peak_rate = max(max(forecast.mean), 0.0)
     isl, osl = _recent_mean(memory.isls), _recent_mean(memory.osls)

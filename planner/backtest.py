@@ -1,0 +1,290 @@
+"""The backtest driver: a trace through a simulated fleet with a scaling policy in the loop.
+
+Where it sits: the second driver of the planner core (the first is `live`). Every `interval_s` of
+simulated time it reads what the metrics would have said about the last interval, asks the policy
+for replicas and applies them to the fleet; at the end it scores the run. The fleet is either the
+per-request simulator (`fleetsim`, exact batching, for hours of traffic) or the fluid model (`fluid`,
+for weeks), both behind `FleetModel`. Pure: plain data in, plain data out; plotting and files are the
+callers' business (`fleetpilot planner backtest`, benchmarks/backtest.py).
+
+Scores, per run:
+- **SLA attainment**: the share of windows (default: the planning interval) in which the SLA held,
+  i.e. the SLA percentile of TTFT and of ITL over the requests that arrived in the window were both
+  under target. Windows with no request are left out. A failed request counts as missing both.
+- **GPU-hours**: every replica from the moment it is asked for (startup included) until it stops.
+- **Goodput per GPU-hour**: requests that met both targets, per GPU-hour.
+- **Scaling actions**: decisions that changed a pool's target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import fleetsim, policies, predict
+from fleetpilot.planner.fleetsim import FLEET_POOLS, FleetPool, WindowStats
+from fleetpilot.replay.traces import Request
+
+
+class FleetModel(Protocol):
+    """What the driver needs from a simulated fleet."""
+
+    def run_until(self, until: float) -> None: ...
+
+    def set_target(self, pool: FleetPool, replicas: int) -> None: ...
+
+    def window(self, start: float, end: float, *, percentile: float) -> WindowStats: ...
+
+    def finish(self) -> None: ...
+
+    def gpu_seconds(self, until: float) -> float: ...
+
+    def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowScores:
+    """Per window of a run: requests, their latency percentiles, and how many met both targets."""
+
+    requests: np.ndarray
+    ttft_p: np.ndarray
+    itl_p: np.ndarray
+    good: np.ndarray
+    met: np.ndarray  # bool: the SLA held in the window (False for an empty one, which is left out)
+
+    @property
+    def attainment(self) -> float:
+        counted = self.requests > 0
+        return float(self.met[counted].mean()) if counted.any() else 1.0
+
+
+def score_requests(outcomes: fleetsim.RequestOutcomes, window_s: float, sla: api.SlaTarget, *,
+                   duration_s: float) -> WindowScores:
+    """Window scores from per-request outcomes, each request in the window it arrived in."""
+    count = max(1, math.ceil(duration_s / window_s))
+    index = np.minimum((outcomes.arrival // window_s).astype(int), count - 1)
+    ttft = np.where(outcomes.failed, np.inf, outcomes.ttft)
+    itl = np.where(outcomes.failed, np.inf, outcomes.itl)
+    good_each = (ttft <= sla.ttft_ms / 1e3) & (itl <= sla.itl_ms / 1e3)
+    requests = np.bincount(index, minlength=count)
+    good = np.bincount(index, weights=good_each, minlength=count)
+    ttft_p = np.full(count, np.nan)
+    itl_p = np.full(count, np.nan)
+    order = np.argsort(index, kind="stable")
+    bounds = np.searchsorted(index[order], np.arange(count + 1))
+    decoded = outcomes.osl > 1
+    for w in range(count):
+        members = order[bounds[w]:bounds[w + 1]]
+        if members.size:
+            ttft_p[w] = np.percentile(ttft[members], sla.percentile)
+            with_itl = members[decoded[members]]
+            itl_p[w] = np.percentile(itl[with_itl], sla.percentile) if with_itl.size else 0.0
+    met = (requests > 0) & (ttft_p <= sla.ttft_ms / 1e3) & (itl_p <= sla.itl_ms / 1e3)
+    return WindowScores(requests=requests, ttft_p=ttft_p, itl_p=itl_p, good=good, met=met)
+
+
+class RequestFleet(fleetsim.FleetSimulator):
+    """The per-request simulator as a `FleetModel`."""
+
+    def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores:
+        return score_requests(self.outcomes(), window_s, sla, duration_s=duration_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """One row per planning interval: what the load was and what the policy did about it."""
+
+    time: np.ndarray
+    rate: np.ndarray
+    forecast: np.ndarray  # NaN where the policy does not forecast
+    active: Mapping[FleetPool, np.ndarray]
+    ready: Mapping[FleetPool, np.ndarray]
+    ttft_p: np.ndarray
+    itl_p: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    policy: str
+    knob: float
+    gpu_hours: float
+    attainment: float
+    requests: int
+    good: int
+    failed: int
+    actions: int
+    timeline: Timeline
+
+    @property
+    def goodput_per_gpu_hour(self) -> float:
+        return self.good / self.gpu_hours if self.gpu_hours > 0 else 0.0
+
+
+def run(fleet: FleetModel, policy: policies.Policy, *, duration_s: float, interval_s: float,
+        sla: api.SlaTarget, window_s: float | None = None, requests: int | None = None) -> RunResult:
+    """Drive `fleet` (built with `policy.initial()` replicas) for `duration_s`, deciding every interval."""
+    rows: dict[str, list[float]] = {key: [] for key in ("time", "rate", "forecast", "ttft_p", "itl_p")}
+    active: dict[FleetPool, list[int]] = {pool: [] for pool in FLEET_POOLS}
+    ready: dict[FleetPool, list[int]] = {pool: [] for pool in FLEET_POOLS}
+    actions = 0
+    targets = policy.initial()
+    steps = max(1, math.ceil(duration_s / interval_s))
+    for k in range(1, steps + 1):
+        now = k * interval_s
+        fleet.run_until(now)
+        stats = fleet.window(now - interval_s, now, percentile=sla.percentile)
+        decision = policy.decide(stats, now)
+        for pool in FLEET_POOLS:
+            if decision[pool] != targets[pool]:
+                actions += 1
+                fleet.set_target(pool, decision[pool])
+        targets = decision
+        forecast = policy.forecast()
+        rows["time"].append(now)
+        rows["rate"].append(stats.rate_rps)
+        rows["forecast"].append(math.nan if forecast is None else forecast)
+        rows["ttft_p"].append(math.nan if stats.ttft_p is None else stats.ttft_p)
+        rows["itl_p"].append(math.nan if stats.itl_p is None else stats.itl_p)
+        for pool in FLEET_POOLS:
+            active[pool].append(stats.active[pool])
+            ready[pool].append(stats.ready[pool])
+    gpu_hours = fleet.gpu_seconds(steps * interval_s) / 3600.0
+    fleet.finish()
+    scores = fleet.sla_windows(window_s or interval_s, sla, duration_s=steps * interval_s)
+    total = int(scores.requests.sum()) if requests is None else requests
+    return RunResult(
+        policy=policy.name, knob=policy.knob, gpu_hours=gpu_hours, attainment=scores.attainment,
+        requests=total, good=int(scores.good.sum()), failed=total - _served(fleet, total), actions=actions,
+        timeline=Timeline(
+            time=np.array(rows["time"]), rate=np.array(rows["rate"]), forecast=np.array(rows["forecast"]),
+            active={pool: np.array(v) for pool, v in active.items()},
+            ready={pool: np.array(v) for pool, v in ready.items()},
+            ttft_p=np.array(rows["ttft_p"]), itl_p=np.array(rows["itl_p"]),
+        ),
+    )
+
+
+def _served(fleet: FleetModel, total: int) -> int:
+    if isinstance(fleet, fleetsim.FleetSimulator):
+        return int((~fleet.outcomes().failed).sum())
+    return total
+
+
+# -- the oracle's needs ------------------------------------------------------------------------------
+
+
+def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, setting: policies.Setting, *,
+                  margin: float) -> list[dict[FleetPool, int]]:
+    """Per interval, the fewest prefill then decode replicas whose SLA percentile latencies stay within
+    `margin` × target on that interval's requests (simulated alone, on replicas that are already up).
+
+    Prefill is searched with decode at its maximum, then decode with that prefill count; a pool that
+    cannot meet the target even at its maximum gets its maximum.
+    """
+    sla = setting.sla
+    interval = setting.interval_s
+    instant = dataclasses.replace(config, startup_s=0.0)
+    arrivals = np.array([r.arrival_s for r in requests])
+    count = max(1, math.ceil((arrivals.max() if len(arrivals) else 0.0) / interval) + 1)
+    bounds = np.searchsorted(arrivals, np.arange(count + 1) * interval)
+    ttft_target, itl_target = sla.ttft_ms / 1e3 * margin, sla.itl_ms / 1e3 * margin
+    (p_lo, p_hi), (d_lo, d_hi) = setting.bounds["prefill"], setting.bounds["decode"]
+    needs: list[dict[FleetPool, int]] = []
+    for w in range(count):
+        chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - w * interval)
+                 for r in requests[bounds[w]:bounds[w + 1]]]
+        if not chunk:
+            needs.append({"prefill": p_lo, "decode": d_lo})
+            continue
+
+        def percentiles(prefill: int, decode: int, chunk: list[Request] = chunk) -> tuple[float, float]:
+            sim = fleetsim.FleetSimulator(instant, chunk, {"prefill": prefill, "decode": decode})
+            sim.finish()
+            o = sim.outcomes()
+            ttft = np.where(o.failed, np.inf, o.ttft)
+            itl = np.where(o.failed, np.inf, o.itl)[o.osl > 1]
+            return (float(np.percentile(ttft, sla.percentile)),
+                    float(np.percentile(itl, sla.percentile)) if itl.size else 0.0)
+
+        prefill = next((p for p in range(max(p_lo, 1), p_hi + 1) if percentiles(p, d_hi)[0] <= ttft_target), p_hi)
+        decode = next((d for d in range(max(d_lo, 1), d_hi + 1)
+                       if _within(percentiles(prefill, d), ttft_target, itl_target)), d_hi)
+        needs.append({"prefill": prefill, "decode": decode})
+    return needs
+
+
+def _within(latencies: tuple[float, float], ttft_target: float, itl_target: float) -> bool:
+    return latencies[0] <= ttft_target and latencies[1] <= itl_target
+
+
+# -- comparing policies ------------------------------------------------------------------------------
+
+
+def gpu_hours_at(results: Sequence[RunResult], attainment: float) -> float | None:
+    """The GPU-hours a policy needs to reach `attainment`, read off its sweep (linear between points).
+
+    The curve is the best attainment reachable for at most a given cost (a cheaper setting that did
+    better counts for the dearer ones too); None when no setting reached it.
+    """
+    points = sorted((r.gpu_hours, r.attainment) for r in results)
+    best = -math.inf
+    previous: tuple[float, float] | None = None
+    for cost, reached in points:
+        if reached <= best:
+            continue
+        if reached >= attainment:
+            if previous is None or previous[1] >= attainment:
+                return cost
+            (c0, a0), (c1, a1) = previous, (cost, reached)
+            return c0 + (attainment - a0) * (c1 - c0) / (a1 - a0)
+        best = reached
+        previous = (cost, reached)
+    return None
+
+
+def interval_rates(requests: Sequence[Request], interval_s: float, duration_s: float) -> np.ndarray:
+    """Arrivals per second in each planning interval: the series every forecaster sees."""
+    count = max(1, math.ceil(duration_s / interval_s))
+    index = np.minimum((np.array([r.arrival_s for r in requests]) // interval_s).astype(int), count - 1)
+    return np.bincount(index, minlength=count) / interval_s
+
+
+def forecast_mape(rates: Sequence[float], predictor: predict.Predictor, *, horizon: int, interval_s: float,
+                  warmup: int = 6) -> float:
+    """Mean absolute percentage error of the forecast `horizon` intervals ahead, as the planner uses it.
+
+    At each interval k (after `warmup`), the predictor sees rates[:k+1] — the same calls the planner
+    makes, so a memoised predictor answers from its memo — and its forecast for k + horizon is compared
+    with what came. Intervals with no traffic are left out (a percentage of zero is undefined).
+    """
+    errors = []
+    for k in range(warmup, len(rates) - horizon):
+        actual = rates[k + horizon]
+        if actual <= 0:
+            continue
+        forecast = predictor.forecast(list(rates[:k + 1]), steps=horizon, step_seconds=interval_s)
+        errors.append(abs(forecast.mean[horizon - 1] - actual) / actual)
+    return float(np.mean(errors)) if errors else math.nan
+
+
+PolicyFactory = Callable[[float], policies.Policy]
+
+
+def sweep(make_fleet: Callable[[Mapping[FleetPool, int]], FleetModel], factories: Mapping[str, tuple[Sequence[float], PolicyFactory]],
+          *, duration_s: float, interval_s: float, sla: api.SlaTarget,
+          progress: Callable[[RunResult], None] | None = None) -> dict[str, list[RunResult]]:
+    """Every policy at every knob setting, each on a fresh fleet: the cost–attainment curves."""
+    curves: dict[str, list[RunResult]] = {}
+    for name, (knobs, factory) in factories.items():
+        for knob in knobs:
+            policy = factory(knob)
+            result = run(make_fleet(policy.initial()), policy, duration_s=duration_s, interval_s=interval_s, sla=sla)
+            curves.setdefault(name, []).append(result)
+            if progress is not None:
+                progress(result)
+    return curves

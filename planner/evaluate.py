@@ -1,0 +1,425 @@
+"""Evaluate scaling policies on a trace: build the scenario, sweep every policy's knob, score, plot.
+
+Where it sits: the adapter between files (traces, profiles, PNGs, Markdown) and the pure backtest
+(`backtest`, `fleetsim`, `fluid`, `policies`). `fleetpilot planner backtest` and
+`benchmarks/backtest.py` both call it, so the command a user runs and the published benchmark are
+the same code.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import multiprocessing
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fleetpilot import perfmodel
+from fleetpilot.api import profile as profiles
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import backtest, capacity, fleetsim, fluid, policies, predict
+from fleetpilot.planner.fleetsim import FleetPool
+from fleetpilot.replay import traces
+
+Fidelity = Literal["request", "fluid"]
+PREDICTORS = ("constant", "arima", "kalman", "prophet")
+
+# One aggressiveness knob per policy; each sweep runs from lean to generous.
+KNOBS: dict[str, tuple[float, ...]] = {
+    "static-peak": (0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0),
+    "static-mean": (1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
+    "hpa": (0.9, 0.7, 0.5, 0.35, 0.25, 0.15),
+    "dynamo": (1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
+    "fleetpilot": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.65),
+    "oracle": (0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.0, -0.1, -0.2),
+}
+KNOB_NAMES = {"static-peak": "load factor", "static-mean": "load factor", "hpa": "target utilisation",
+              "dynamo": "load factor", "fleetpilot": "headroom",
+              "oracle": "share given up (< 0: latency margin − 1)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One trace on one fleet under one SLA, ready to run any policy on."""
+
+    name: str
+    fidelity: Fidelity
+    description: str
+    sla: api.SlaTarget
+    setting: policies.Setting
+    fleet_config: fleetsim.FleetConfig
+    duration_s: float
+    rates: np.ndarray  # offered requests/s per planning interval
+    loads: tuple[policies.IntervalLoad, ...]
+    requests: tuple[traces.Request, ...] = ()  # request fidelity
+    counts: np.ndarray | None = None  # fluid fidelity: arrivals per step
+    step_s: float = 60.0
+    isl_sample: tuple[int, ...] = ()
+    osl_sample: tuple[int, ...] = ()
+
+    @property
+    def horizon(self) -> int:
+        return max(1, math.ceil(self.setting.startup_s / self.setting.interval_s))
+
+    def make_fleet(self, initial: Mapping[FleetPool, int]) -> backtest.FleetModel:
+        if self.fidelity == "request":
+            return backtest.RequestFleet(self.fleet_config, self.requests, initial)
+        assert self.counts is not None
+        return fluid.FluidFleet(self.fleet_config, self.counts, step_s=self.step_s, isl_sample=self.isl_sample,
+                                osl_sample=self.osl_sample, initial=initial)
+
+    def needs(self, margin: float) -> list[dict[FleetPool, int]]:
+        """The oracle's per-interval needs at this latency margin."""
+        if self.fidelity == "request":
+            return backtest.request_needs(self.requests, self.fleet_config, self.setting, margin=margin)
+        fleet = self.make_fleet({"prefill": 0, "decode": 0})
+        assert isinstance(fleet, fluid.FluidFleet)
+        return fluid.fluid_needs(fleet, interval_s=self.setting.interval_s, sla=self.sla, margin=margin,
+                                 bounds=self.setting.bounds)
+
+
+def load_profile(spec: str) -> profiles.Profile:
+    """A Profile from a JSON file, or from a Dynamo CSV pair named by its common prefix
+    (`.../h200_llama31_8b_fp8_vllm` for `..._prefill.csv` and `..._decode.csv`)."""
+    path = Path(spec)
+    if path.suffix == ".json":
+        return profiles.Profile.model_validate_json(path.read_text())
+    prefill, decode = Path(f"{spec}_prefill.csv"), Path(f"{spec}_decode.csv")
+    if not (prefill.exists() and decode.exists()):
+        raise FileNotFoundError(f"--profile {spec}: neither a .json profile nor a pair {prefill.name}, {decode.name}")
+    return profiles.from_dynamo_csv(prefill, decode, model=path.name, engine="vllm", gpu="h200-sxm")
+
+
+def _interval_loads(arrivals: np.ndarray, isl: np.ndarray, osl: np.ndarray, *, interval_s: float,
+                    count: int) -> tuple[np.ndarray, tuple[policies.IntervalLoad, ...]]:
+    index = np.minimum((arrivals // interval_s).astype(int), count - 1)
+    n = np.bincount(index, minlength=count)
+    isl_sum = np.bincount(index, weights=isl, minlength=count)
+    osl_sum = np.bincount(index, weights=osl, minlength=count)
+    safe = np.maximum(n, 1)
+    rates = n / interval_s
+    loads = tuple(policies.IntervalLoad(float(r), float(i), float(o))
+                  for r, i, o in zip(rates, isl_sum / safe, osl_sum / safe, strict=True))
+    return rates, loads
+
+
+def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla: api.SlaTarget,
+                        rate_factor: float = 1.0, duration_s: float | None = None, interval_s: float = 60.0,
+                        startup_s: float = 120.0, timing: perfmodel.PerformanceModel | None = None,
+                        bounds: Mapping[FleetPool, tuple[int, int]] | None = None, fidelity: Fidelity = "request",
+                        fluid_step_s: float = 10.0) -> Scenario:
+    """A request trace (Azure, Mooncake) replayed at `rate_factor`, per request or as a fluid."""
+    requests = tuple(traces.load(path, shape=traces.Shape(rate_factor=rate_factor, duration_s=duration_s)))
+    if not requests:
+        raise ValueError(f"{path}: no requests in the chosen window")
+    duration = duration_s or math.ceil(requests[-1].arrival_s / interval_s) * interval_s
+    count = max(1, math.ceil(duration / interval_s))
+    arrivals = np.array([r.arrival_s for r in requests])
+    isl = np.array([r.input_tokens for r in requests], dtype=float)
+    osl = np.array([r.output_tokens for r in requests], dtype=float)
+    rates, loads = _interval_loads(arrivals, isl, osl, interval_s=interval_s, count=count)
+    config = fleetsim.FleetConfig(timing=timing or default_timing(), startup_s=startup_s)
+    steps = max(1, math.ceil(duration / fluid_step_s))
+    counts = np.bincount(np.minimum((arrivals // fluid_step_s).astype(int), steps - 1), minlength=steps).astype(float)
+    return Scenario(
+        name=name, fidelity=fidelity, sla=sla, duration_s=duration, rates=rates, loads=loads,
+        description=(f"{path.name}, rate ×{rate_factor:g}: {len(requests):,} requests over {duration / 3600:.2f} h, "
+                     f"mean {len(requests) / duration:.2f} req/s, ISL {isl.mean():,.0f}, OSL {osl.mean():,.0f}"),
+        setting=policies.Setting(capacity=capacity.CapacityModel(profile), sla=sla, interval_s=interval_s,
+                                 startup_s=startup_s, bounds=bounds or {"prefill": (1, 24), "decode": (1, 12)}),
+        fleet_config=config, requests=requests, counts=counts, step_s=fluid_step_s,
+        isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl),
+    )
+
+
+def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, sla: api.SlaTarget,
+                           rate_factor: float, model: str = "m-large", interval_s: float = 600.0,
+                           step_s: float = 60.0, startup_s: float = 120.0,
+                           synthesis: traces.Synthesis | None = None, seed: int = 0,
+                           bounds: Mapping[FleetPool, tuple[int, int]] | None = None) -> Scenario:
+    """The ServeGen rate series as a fluid: Poisson arrival counts per step at rate × `rate_factor`,
+    lengths drawn from `synthesis` (the series has none)."""
+    synthesis = synthesis or traces.Synthesis()
+    with path.open() as file:
+        windows = [w for w in traces.parse_servegen(file) if w.model == model]
+    if not windows:
+        raise ValueError(f"{path}: no model {model!r}")
+    windows.sort(key=lambda w: w.t_start_s)
+    length = windows[1].t_start_s - windows[0].t_start_s if len(windows) > 1 else traces.SERVEGEN_WINDOW_S
+    per = max(1, round(length / step_s))
+    step_rates = np.repeat([w.rate_rps * rate_factor for w in windows], per)
+    counts = fluid.poisson_counts(step_rates, step_s=step_s, seed=seed)
+    rng = np.random.default_rng(seed)
+    isl = traces.draw_lengths(rng, synthesis.input_length, 4000)
+    osl = traces.draw_lengths(rng, synthesis.output_length, 4000)
+    duration = len(counts) * step_s
+    per_interval = max(1, round(interval_s / step_s))
+    rates = counts.reshape(-1, per_interval).sum(axis=1) / interval_s
+    loads = tuple(policies.IntervalLoad(float(r), float(isl.mean()), float(osl.mean())) for r in rates)
+    return Scenario(
+        name=name, fidelity="fluid", sla=sla, duration_s=duration, rates=rates, loads=loads,
+        description=(f"{path.name} {model}, rate ×{rate_factor:g}: {len(windows):,} windows of {length:.0f} s "
+                     f"({duration / 86400:.0f} days), Poisson arrivals, mean {counts.sum() / duration:.1f} req/s "
+                     f"(peak {step_rates.max():.1f}); lengths lognormal, ISL mean {synthesis.input_length.mean:g}, "
+                     f"OSL mean {synthesis.output_length.mean:g}"),
+        setting=policies.Setting(capacity=capacity.CapacityModel(profile), sla=sla, interval_s=interval_s,
+                                 startup_s=startup_s, bounds=bounds or {"prefill": (1, 24), "decode": (1, 12)}),
+        fleet_config=fleetsim.FleetConfig(timing=default_timing(), startup_s=startup_s), counts=counts,
+        step_s=step_s, isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl),
+    )
+
+
+def default_timing() -> perfmodel.PerformanceModel:
+    """The fleet's truth: the calibrated vLLM H200 model of Llama-3.1-8B (the simulator's default)."""
+    return perfmodel.PerformanceModel(perfmodel.MODELS["llama-3.1-8b"], perfmodel.GPUS["h200-sxm"])
+
+
+# -- running the sweeps ---------------------------------------------------------------------------------
+
+
+def groups(predictors: Sequence[str]) -> list[str]:
+    """The units of work a sweep splits into (each keeps its own forecast memo)."""
+    return ["static-peak", "static-mean", "hpa", "dynamo", *(f"fleetpilot-{p}" for p in predictors), "oracle"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupResult:
+    name: str
+    results: list[backtest.RunResult]
+    seconds_per_run: float
+    mape: float | None = None  # fleetpilot groups: forecast error at the planner's horizon
+
+
+def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[float]] = KNOBS) -> GroupResult:
+    """Every knob setting of one policy on `scenario`."""
+    setting = scenario.setting
+    # Every dynamic policy takes over a fleet that was right for the start of the trace (the oracle's
+    # first decision), as if it had been running before: the comparison is about following the load,
+    # not about a cold start that every reactive policy would lose the same way.
+    start = policies.lookahead_targets(scenario.needs(1.0)[:scenario.horizon + 1], interval_s=setting.interval_s,
+                                       startup_s=setting.startup_s)[0]
+    memo: policies.MemoPredictor | None = None
+    factory: Callable[[float], policies.Policy]
+    if group in ("static-peak", "static-mean"):
+        level = group.removeprefix("static-")
+        def factory(k: float) -> policies.Policy:
+            return policies.Static(setting, scenario.loads, level=level, factor=k)
+        values = knobs[group]
+    elif group == "hpa":
+        def factory(k: float) -> policies.Policy:
+            return policies.Hpa(setting, target=k, initial=start)
+        values = knobs["hpa"]
+    elif group == "dynamo":
+        arima = policies.MemoPredictor(predict.make_predictor("arima"))
+        def factory(k: float) -> policies.Policy:
+            return policies.DynamoStyle(setting, arima, factor=k, initial=start)
+        values = knobs["dynamo"]
+    elif group.startswith("fleetpilot-"):
+        name = group.removeprefix("fleetpilot-")
+        memo = policies.MemoPredictor(predict.make_predictor(name))
+        chosen = memo
+        def factory(k: float) -> policies.Policy:
+            return policies.Fleetpilot(setting, chosen, predictor_name=name, headroom=k, initial=start)
+        values = knobs["fleetpilot"]
+    elif group == "oracle":
+        margins: dict[float, list[dict[FleetPool, int]]] = {}
+        def factory(k: float) -> policies.Policy:
+            margin = 1.0 + min(k, 0.0)
+            if margin not in margins:
+                margins[margin] = scenario.needs(margin)
+            return policies.Oracle(setting, margins[margin], knob=k)
+        values = knobs["oracle"]
+    else:
+        raise ValueError(f"unknown policy group {group!r}")
+    results = []
+    began = time.perf_counter()
+    for knob in values:
+        policy = factory(knob)
+        results.append(backtest.run(scenario.make_fleet(policy.initial()), policy, duration_s=scenario.duration_s,
+                                    interval_s=setting.interval_s, sla=scenario.sla))
+    seconds = (time.perf_counter() - began) / len(values)
+    mape = None
+    if memo is not None:
+        mape = backtest.forecast_mape(list(scenario.rates), memo, horizon=scenario.horizon,
+                                      interval_s=setting.interval_s)
+    return GroupResult(group, results, seconds, mape)
+
+
+_SHARED: dict[str, Any] = {}
+
+
+def _run_shared(group: str) -> GroupResult:
+    scenario: Scenario = _SHARED["scenario"]
+    return run_group(scenario, group, knobs=_SHARED["knobs"])
+
+
+def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, workers: int = 1,
+            knobs: Mapping[str, Sequence[float]] = KNOBS,
+            progress: Callable[[GroupResult], None] | None = None) -> dict[str, GroupResult]:
+    """Every policy group on `scenario`, in `workers` processes (forked: the scenario is shared, not sent)."""
+    names = groups(predictors)
+    done: dict[str, GroupResult] = {}
+    if workers <= 1:
+        for name in names:
+            done[name] = run_group(scenario, name, knobs=knobs)
+            if progress:
+                progress(done[name])
+        return done
+    _SHARED.update(scenario=scenario, knobs=knobs)
+    # The slowest groups (model-based forecasters) first, so the pool ends evenly.
+    order = sorted(names, key=lambda n: n.startswith("fleetpilot-") and not n.endswith("constant"), reverse=True)
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(_run_shared, name): name for name in order}
+        for future in concurrent.futures.as_completed(futures):
+            result = future.result()
+            done[result.name] = result
+            if progress:
+                progress(result)
+    return {name: done[name] for name in names}
+
+
+# -- reading the results --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    policy: str
+    gpu_hours_at_target: float | None
+    best_attainment: float
+    cheapest_at_target: backtest.RunResult | None
+
+
+def summarise(groups_done: Mapping[str, GroupResult], target: float) -> dict[str, Summary]:
+    out = {}
+    for name, group in groups_done.items():
+        reaching = [r for r in group.results if r.attainment >= target]
+        out[name] = Summary(
+            policy=name, gpu_hours_at_target=backtest.gpu_hours_at(group.results, target),
+            best_attainment=max(r.attainment for r in group.results),
+            cheapest_at_target=min(reaching, key=lambda r: r.gpu_hours) if reaching else None,
+        )
+    return out
+
+
+def best_fleetpilot(summary: Mapping[str, Summary]) -> str | None:
+    reached = [(s.gpu_hours_at_target, name) for name, s in summary.items()
+               if name.startswith("fleetpilot-") and s.gpu_hours_at_target is not None]
+    return min(reached)[1] if reached else None
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "not reached" if value is None else format(value, spec)
+
+
+def markdown_section(scenario: Scenario, groups_done: Mapping[str, GroupResult], *, target: float,
+                     png: Mapping[str, str]) -> str:
+    """One scenario's tables: GPU-hours at the target, goals, every sweep point, forecast accuracy."""
+    summary = summarise(groups_done, target)
+    lines = [f"## {scenario.name}", "", scenario.description + ".", "",
+             (f"SLA: TTFT ≤ {scenario.sla.ttft_ms:g} ms and ITL ≤ {scenario.sla.itl_ms:g} ms at "
+              f"p{scenario.sla.percentile:g}; planning interval {scenario.setting.interval_s:g} s; replica startup "
+              f"{scenario.setting.startup_s:g} s; fleet model: "
+              f"{'per request' if scenario.fidelity == 'request' else 'fluid'}."), ""]
+    lines += [f"### GPU-hours to reach {target:.0%} SLA attainment", "",
+              "| policy | GPU-hours at target | best attainment | cheapest setting that reached it |", "|---|---:|---:|---|"]
+    for name, s in summary.items():
+        knob = KNOB_NAMES["fleetpilot" if name.startswith("fleetpilot-") else name]
+        cheapest = s.cheapest_at_target
+        where = "—" if cheapest is None else f"{knob} {cheapest.knob:g}: {cheapest.gpu_hours:.2f} GPU-h, {cheapest.actions} actions"
+        lines.append(f"| {name} | {_fmt(s.gpu_hours_at_target)} | {s.best_attainment:.1%} | {where} |")
+    best = best_fleetpilot(summary)
+    lines += ["", "### Goals", ""]
+    if best is None:
+        lines.append("No fleetpilot predictor reached the target attainment in this sweep.")
+    else:
+        ours = summary[best].gpu_hours_at_target
+        assert ours is not None
+        for other, goal in (("oracle", 1.3), ("dynamo", 0.8), ("static-peak", 0.75)):
+            theirs = summary[other].gpu_hours_at_target
+            if theirs is None:
+                lines.append(f"- {best} vs {other} (goal ≤ {goal}×): {other} never reached the target; "
+                             f"{best} did with {ours:.2f} GPU-h.")
+            else:
+                ratio = ours / theirs
+                verdict = "met" if ratio <= goal else f"missed by {ratio - goal:.2f}×"
+                lines.append(f"- {best} / {other} = {ours:.2f} / {theirs:.2f} = **{ratio:.2f}×** (goal ≤ {goal}×: {verdict}).")
+    lines += ["", "### Every sweep point", "",
+              "| policy | knob | GPU-hours | attainment | goodput / GPU-h | actions | failed |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, group in groups_done.items():
+        for r in group.results:
+            lines.append(f"| {name} | {r.knob:g} | {r.gpu_hours:.2f} | {r.attainment:.1%} | {r.goodput_per_gpu_hour:,.0f} "
+                         f"| {r.actions} | {r.failed} |")
+    lines += ["", f"### Forecast accuracy at the planner's horizon ({scenario.horizon} interval(s) ahead)", "",
+              "| predictor | MAPE | seconds per run |", "|---|---:|---:|"]
+    for name, group in groups_done.items():
+        if group.mape is not None:
+            lines.append(f"| {name.removeprefix('fleetpilot-')} | {group.mape:.1%} | {group.seconds_per_run:.2f} |")
+    lines += ["", "Seconds per run, all policies: " + ", ".join(
+        f"{name} {group.seconds_per_run:.2f}" for name, group in groups_done.items()) + ".", ""]
+    for title, file in png.items():
+        lines += [f"![{title}]({file})", ""]
+    return "\n".join(lines)
+
+
+# -- plots ------------------------------------------------------------------------------------------------
+
+
+def plot_timeline(result: backtest.RunResult, scenario: Scenario, path: Path, *, title: str) -> None:
+    """Offered load and forecast, prefill/decode replicas, and TTFT/ITL percentile against target."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = result.timeline
+    hours = t.time / 3600.0
+    fig, axes = plt.subplots(4, 1, figsize=(11, 9), sharex=True)
+    axes[0].plot(hours, t.rate, label="offered req/s", lw=1)
+    if np.isfinite(t.forecast).any():
+        axes[0].plot(hours, t.forecast, label="planned-for req/s (forecast)", lw=1, alpha=0.8)
+    axes[0].set_ylabel("req/s")
+    for ax, pool in zip(axes[1:3], fleetsim.FLEET_POOLS, strict=True):
+        ax.step(hours, t.active[pool], where="post", label=f"{pool} asked for")
+        ax.step(hours, t.ready[pool], where="post", label=f"{pool} ready", alpha=0.8)
+        ax.set_ylabel("replicas")
+    q = scenario.sla.percentile
+    axes[3].plot(hours, t.ttft_p / (scenario.sla.ttft_ms / 1e3), label=f"p{q:g} TTFT / target", lw=1)
+    axes[3].plot(hours, t.itl_p / (scenario.sla.itl_ms / 1e3), label=f"p{q:g} ITL / target", lw=1)
+    axes[3].axhline(1.0, color="k", lw=0.8, ls="--")
+    axes[3].set_yscale("log")
+    axes[3].set_ylabel("latency / target")
+    axes[3].set_xlabel("hours")
+    for ax in axes:
+        ax.legend(loc="upper right", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_curves(scenario: Scenario, groups_done: Mapping[str, GroupResult], path: Path, *, target: float) -> None:
+    """Cost–attainment curves: one line per policy, one point per knob setting."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for name, group in groups_done.items():
+        points = sorted((r.gpu_hours, r.attainment) for r in group.results)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, lw=1,
+                label=name, ls="--" if name in ("oracle",) else "-")
+    ax.axhline(target, color="k", lw=0.8, ls=":")
+    ax.set_xlabel("GPU-hours")
+    ax.set_ylabel("SLA attainment (share of intervals)")
+    ax.set_title(f"{scenario.name}: cost vs attainment")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,510 @@
+"""The fleet simulator: a disaggregated fleet serving a trace in simulated time, one request at a time.
+
+Where it sits: the backtest driver (`planner.backtest`) advances it interval by interval, reads what a
+Prometheus would have seen (`window`), hands that to a scaling policy (the real planner core among
+them) and applies the replica targets the policy returns (`set_target`). Pure: no clock, no I/O; time
+is a float the caller moves forward, so an hour of traffic runs in about a second.
+
+What it models, and how (the `PerformanceModel` is the truth for every step time):
+
+- **Arrivals** come from the trace. A request goes to the prefill replica with the fewest queued
+  tokens, then (after its KV transfer) to the decode replica with the fewest sequences, as the
+  frontend's least-loaded policy does. With no ready replica in a pool, requests wait at the frontend.
+- **Prefill replicas** run FCFS chunked prefill: each step takes up to `max_batched_tokens` prompt
+  tokens from the head of the queue, priced like the simulator engine prices a step of several chunks.
+  This is exact step by step.
+- **Decode replicas** batch continuously up to `max_num_seqs`, admitting FCFS while the KV cache holds
+  the request's prompt and whole output (reserved at admission, so there is no preemption). Between
+  events (an admission or a completion) the batch is fixed, so the replica's steps advance as a fluid
+  at the step time of the batch (`decode_step_time(batch, context)`, re-evaluated at every event);
+  a request's ITL is its decode time over its output tokens after the first. This is what makes an
+  hour of decode (hundreds of thousands of steps) cost a few thousand events.
+- **Replicas** take `startup_s` to become ready and cost GPUs from the moment they are asked for.
+  Scaling down first cancels replicas still starting, then drains the emptiest ready ones: a draining
+  replica takes no new work and stops (frees its GPUs) once its last request is done.
+- **Conservation**: every arrival finishes, or is counted as failed (a request whose prompt and
+  output cannot fit one decode replica's KV cache); `finish` runs the fleet until nothing is left.
+
+TTFT is arrival → the first decode token (queueing, prefill, KV transfer, decode admission, one step)
+plus the performance model's per-request overhead outside the engine: what a client of the two-hop
+frontend sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import numpy as np
+
+from fleetpilot import perfmodel
+from fleetpilot.replay.traces import Request
+
+FleetPool = Literal["prefill", "decode"]
+FLEET_POOLS: tuple[FleetPool, ...] = ("prefill", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetConfig:
+    """How the simulated fleet's replicas behave (one replica = `gpus` GPUs of `timing`)."""
+
+    timing: perfmodel.PerformanceModel
+    startup_s: float = 120.0
+    gpus: Mapping[FleetPool, int] = dataclasses.field(default_factory=lambda: {"prefill": 1, "decode": 1})
+    max_batched_tokens: int = 8192  # prefill tokens per step (vLLM's max_num_batched_tokens)
+    max_num_seqs: int = 256  # decode batch cap (vLLM's default)
+    kv_bandwidth_bytes_per_s: float = 50e9  # one rank's P→D link
+
+    def __post_init__(self) -> None:
+        if self.startup_s < 0:
+            raise ValueError(f"startup_s must be ≥ 0, got {self.startup_s}")
+        if self.max_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_batched_tokens and max_num_seqs must be ≥ 1")
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.timing.kv_capacity_tokens()
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowStats:
+    """What the frontend's and the engines' metrics say about one window of time.
+
+    Latencies are of the requests whose first token (TTFT) or last token (ITL) came in the window,
+    as histograms observed at those moments report them; None when no request got that far.
+    """
+
+    start: float
+    end: float
+    arrivals: int
+    rate_rps: float
+    isl_mean: float | None
+    osl_mean: float | None
+    ttft_p: float | None
+    itl_p: float | None
+    ttft_mean: float | None
+    itl_mean: float | None
+    prefill_busy: float  # share of the window the ready prefill replicas spent computing
+    decode_kv_usage: float  # mean KV cache usage of the ready decode replicas
+    ready: Mapping[FleetPool, int]
+    active: Mapping[FleetPool, int]  # asked for: ready + starting (not draining)
+
+
+@dataclasses.dataclass
+class _Record:
+    """One request's life, filled in as it goes."""
+
+    arrival: float
+    isl: int
+    osl: int
+    first_token: float = math.nan
+    finish: float = math.nan
+    failed: bool = False
+
+
+class _Replica:
+    _ids = itertools.count()
+
+    def __init__(self, pool: FleetPool, created: float, ready_at: float) -> None:
+        self.id = next(self._ids)
+        self.pool = pool
+        self.created = created
+        self.ready_at = ready_at
+        self.stopped: float | None = None
+        self.draining = False
+        self.busy_s = 0.0  # prefill: seconds computing, for the busy share
+
+    def idle(self) -> bool:
+        raise NotImplementedError
+
+    def is_ready(self, now: float) -> bool:
+        return self.stopped is None and not self.draining and self.ready_at <= now
+
+
+class _Prefill(_Replica):
+    def __init__(self, created: float, ready_at: float) -> None:
+        super().__init__("prefill", created, ready_at)
+        self.queue: deque[list[int]] = deque()  # [request index, tokens still to prefill]
+        self.queued_tokens = 0
+        self.stepping = False
+
+    def idle(self) -> bool:
+        return not self.queue and not self.stepping
+
+
+class _Decode(_Replica):
+    def __init__(self, created: float, ready_at: float) -> None:
+        super().__init__("decode", created, ready_at)
+        self.waiting: deque[int] = deque()
+        self.running: list[tuple[float, int]] = []  # heap of (step at which it finishes, request index)
+        self.steps = 0.0  # decode steps done so far (a fluid between events)
+        self.updated = 0.0  # when `steps` was last brought up to date
+        self.step_s = 0.0  # step time of the current batch
+        self.prompt_sum = 0  # Σ prompt tokens of the running batch
+        self.start_sum = 0.0  # Σ `steps` at which each running request was admitted
+        self.kv_used = 0
+        self.kv_area = 0.0  # ∫ kv_used dt, for the mean KV usage
+        self.version = 0  # bumps when the batch changes: older completion events are stale
+
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def context(self) -> float:
+        return self.prompt_sum + len(self.running) * self.steps - self.start_sum
+
+
+_ARRIVAL, _PREFILL_STEP, _TRANSFERRED, _DECODE_DONE, _READY = range(5)
+
+
+class FleetSimulator:
+    """A prefill pool and a decode pool serving `requests` (sorted by arrival) from `initial` replicas."""
+
+    def __init__(self, config: FleetConfig, requests: Sequence[Request], initial: Mapping[FleetPool, int]) -> None:
+        self.config = config
+        self.timing = config.timing
+        self.kv_capacity = config.kv_capacity_tokens
+        # HTTP, tokenising and returning the first token happen outside the engine's steps.
+        self.overhead_s = config.timing.calibration.ttft_overhead_s
+        self.records = [_Record(r.arrival_s, r.input_tokens, r.output_tokens) for r in requests]
+        if any(b.arrival < a.arrival for a, b in itertools.pairwise(self.records)):
+            raise ValueError("requests must be sorted by arrival time")
+        self._arrival_times = np.array([r.arrival for r in self.records])
+        self.now = 0.0
+        self._next_arrival = 0
+        self._events: list[tuple[float, int, int, object]] = []
+        self._tie = itertools.count()
+        self.replicas: dict[FleetPool, list[_Replica]] = {"prefill": [], "decode": []}
+        self._pending: dict[FleetPool, deque[int]] = {"prefill": deque(), "decode": deque()}
+        # Moments latencies became known, for windowed percentiles: (time, request index).
+        self._first_tokens: list[tuple[float, int]] = []
+        self._finishes: list[tuple[float, int]] = []
+        self._busy_log: list[tuple[float, float]] = []  # (step end, seconds computing) per prefill step
+        self._kv_checkpoints: dict[int, tuple[float, float]] = {}
+        for pool in FLEET_POOLS:
+            for _ in range(max(0, int(initial.get(pool, 0)))):
+                self._add_replica(pool, ready_at=0.0)
+
+    # -- the driver's interface -------------------------------------------------------------------------
+
+    def run_until(self, until: float) -> None:
+        """Process every arrival and event up to and including time `until`."""
+        while True:
+            arrival_t = (self.records[self._next_arrival].arrival
+                         if self._next_arrival < len(self.records) else math.inf)
+            event_t = self._events[0][0] if self._events else math.inf
+            t = min(arrival_t, event_t)
+            if t > until:
+                break
+            self.now = t
+            if arrival_t <= event_t:
+                index = self._next_arrival
+                self._next_arrival += 1
+                self._route_prefill(index)
+            else:
+                _, _, kind, payload = heapq.heappop(self._events)
+                self._handle(kind, payload)
+        self.now = max(self.now, until)
+
+    def finish(self, *, limit_s: float = 7 * 86400.0) -> None:
+        """Run until every request has finished (or failed); the replicas stay as they are."""
+        self.run_until(self.records[-1].arrival if self.records else 0.0)
+        deadline = self.now + limit_s
+        while self._events and self._events[0][0] <= deadline:
+            self.run_until(self._events[0][0])
+        for pool in FLEET_POOLS:  # nothing can ever serve what is still pending
+            for index in self._pending[pool]:
+                self.records[index].failed = True
+            self._pending[pool].clear()
+
+    def set_target(self, pool: FleetPool, replicas: int) -> None:
+        """Ask for `replicas` in `pool` (ready or starting): start new ones, or cancel / drain some."""
+        replicas = max(0, replicas)
+        active = [r for r in self.replicas[pool] if r.stopped is None and not r.draining]
+        for _ in range(replicas - len(active)):
+            self._add_replica(pool, ready_at=self.now + self.config.startup_s)
+        surplus = len(active) - replicas
+        if surplus <= 0:
+            return
+        starting = sorted((r for r in active if r.ready_at > self.now), key=lambda r: -r.ready_at)
+        for replica in starting[:surplus]:
+            replica.stopped = self.now  # cancelled before it ever served
+        surplus -= min(surplus, len(starting))
+        ready = sorted((r for r in active if r.ready_at <= self.now), key=self._load)
+        for replica in ready[:surplus]:
+            replica.draining = True
+            self._stop_if_drained(replica)
+
+    def ready(self, pool: FleetPool) -> int:
+        return sum(1 for r in self.replicas[pool] if r.is_ready(self.now))
+
+    def active(self, pool: FleetPool) -> int:
+        return sum(1 for r in self.replicas[pool] if r.stopped is None and not r.draining)
+
+    def gpu_seconds(self, until: float) -> float:
+        """GPU-seconds held by every replica, from being asked for to stopping (or `until`)."""
+        total = 0.0
+        for pool in FLEET_POOLS:
+            gpus = self.config.gpus[pool]
+            for r in self.replicas[pool]:
+                end = r.stopped if r.stopped is not None else until
+                total += max(0.0, min(end, until) - r.created) * gpus
+        return total
+
+    def window(self, start: float, end: float, *, percentile: float) -> WindowStats:
+        """What the metrics say about [start, end); call it once the simulation has reached `end`."""
+        arrivals = self._arrived_between(start, end)
+        ttfts = self._latencies(self._first_tokens, start, end, first_token=True)
+        itls = self._latencies(self._finishes, start, end, first_token=False)
+        length = max(end - start, 1e-9)
+        ready = {pool: self.ready(pool) for pool in FLEET_POOLS}
+        busy = sum(seconds for t, seconds in self._busy_log if start < t <= end)
+        kv = self._mean_kv_usage(start, end)
+        return WindowStats(
+            start=start, end=end, arrivals=len(arrivals), rate_rps=len(arrivals) / length,
+            isl_mean=float(np.mean([r.isl for r in arrivals])) if arrivals else None,
+            osl_mean=float(np.mean([r.osl for r in arrivals])) if arrivals else None,
+            ttft_p=float(np.percentile(ttfts, percentile)) if ttfts.size else None,
+            itl_p=float(np.percentile(itls, percentile)) if itls.size else None,
+            ttft_mean=float(ttfts.mean()) if ttfts.size else None,
+            itl_mean=float(itls.mean()) if itls.size else None,
+            prefill_busy=min(1.0, busy / (length * max(ready["prefill"], 1))),
+            decode_kv_usage=kv,
+            ready=ready,
+            active={pool: self.active(pool) for pool in FLEET_POOLS},
+        )
+
+    # -- results --------------------------------------------------------------------------------------
+
+    def outcomes(self) -> RequestOutcomes:
+        """Every request's arrival, TTFT, ITL and lengths (NaN latencies for failed requests)."""
+        arrival = np.array([r.arrival for r in self.records])
+        first = np.array([r.first_token for r in self.records])
+        finish = np.array([r.finish for r in self.records])
+        osl = np.array([r.osl for r in self.records], dtype=float)
+        itl = np.where(osl > 1, (finish - first) / np.maximum(osl - 1, 1), 0.0)
+        failed = np.array([r.failed for r in self.records], dtype=bool)
+        return RequestOutcomes(arrival=arrival, ttft=first - arrival + self.overhead_s, itl=np.where(failed, np.nan, itl),
+                               failed=failed, isl=np.array([r.isl for r in self.records], dtype=float), osl=osl)
+
+    # -- internals --------------------------------------------------------------------------------------
+
+    def _arrived_between(self, start: float, end: float) -> list[_Record]:
+        lo, hi = np.searchsorted(self._arrival_times, [start, end], side="left")
+        return self.records[int(lo):int(hi)]
+
+    def _latencies(self, log: list[tuple[float, int]], start: float, end: float, *, first_token: bool) -> np.ndarray:
+        values = []
+        for t, index in reversed(log):  # the log is in time order; recent windows are at its end
+            if t < start:
+                break
+            if t >= end:
+                continue
+            r = self.records[index]
+            if first_token:
+                values.append(r.first_token - r.arrival + self.overhead_s)
+            elif r.osl > 1:
+                values.append((r.finish - r.first_token) / (r.osl - 1))
+        return np.array(values, dtype=float)
+
+    def _mean_kv_usage(self, start: float, end: float) -> float:
+        ready = [r for r in self.replicas["decode"] if isinstance(r, _Decode) and r.is_ready(self.now)]
+        if not ready:
+            return 0.0
+        usage = []
+        for r in ready:
+            self._account_kv(r)
+            area_then, t_then = self._kv_checkpoints.get(r.id, (0.0, r.ready_at))
+            span = self.now - max(t_then, start, r.ready_at)
+            usage.append((r.kv_area - area_then) / span / self.kv_capacity if span > 0 else r.kv_used / self.kv_capacity)
+            self._kv_checkpoints[r.id] = (r.kv_area, self.now)
+        return float(np.mean(usage))
+
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        heapq.heappush(self._events, (t, next(self._tie), kind, payload))
+
+    def _add_replica(self, pool: FleetPool, *, ready_at: float) -> None:
+        replica: _Replica = _Prefill(self.now, ready_at) if pool == "prefill" else _Decode(self.now, ready_at)
+        if isinstance(replica, _Decode):
+            replica.updated = ready_at
+        self.replicas[pool].append(replica)
+        if ready_at > self.now:
+            self._push(ready_at, _READY, replica)
+
+    def _load(self, replica: _Replica) -> float:
+        if isinstance(replica, _Prefill):
+            return replica.queued_tokens
+        assert isinstance(replica, _Decode)
+        return len(replica.running) + len(replica.waiting)
+
+    def _pick(self, pool: FleetPool) -> _Replica | None:
+        ready = [r for r in self.replicas[pool] if r.is_ready(self.now)]
+        return min(ready, key=self._load) if ready else None
+
+    def _handle(self, kind: int, payload: object) -> None:
+        if kind == _PREFILL_STEP:
+            assert isinstance(payload, tuple)
+            replica, done = payload
+            self._prefill_step_done(replica, done)
+        elif kind == _TRANSFERRED:
+            assert isinstance(payload, int)
+            self._route_decode(payload)
+        elif kind == _DECODE_DONE:
+            assert isinstance(payload, tuple)
+            replica, version = payload
+            if replica.version == version:
+                self._decode_checkpoint(replica)
+        elif kind == _READY:
+            assert isinstance(payload, _Replica)
+            if payload.stopped is None:
+                self._replica_ready(payload)
+
+    def _replica_ready(self, replica: _Replica) -> None:
+        pending = self._pending[replica.pool]
+        while pending:
+            index = pending.popleft()
+            if replica.pool == "prefill":
+                self._route_prefill(index)
+            else:
+                self._route_decode(index)
+
+    # prefill ------------------------------------------------------------------------------------------
+
+    def _route_prefill(self, index: int) -> None:
+        record = self.records[index]
+        if record.isl + record.osl > self.kv_capacity:
+            record.failed = True  # no decode replica could ever hold it
+            return
+        replica = self._pick("prefill")
+        if replica is None:
+            self._pending["prefill"].append(index)
+            return
+        assert isinstance(replica, _Prefill)
+        replica.queue.append([index, record.isl])
+        replica.queued_tokens += record.isl
+        if not replica.stepping:
+            self._prefill_step(replica)
+
+    def _prefill_step(self, replica: _Prefill) -> None:
+        budget = self.config.max_batched_tokens
+        done: list[int] = []
+        tokens = pairs2 = 0
+        for item in replica.queue:
+            if budget <= 0:
+                break
+            index, remaining = item
+            computed = self.records[index].isl - remaining
+            n = min(remaining, budget)
+            item[1] -= n
+            tokens += n
+            pairs2 += n * (2 * computed + n + 1)
+            budget -= n
+        while replica.queue and replica.queue[0][1] == 0:
+            done.append(replica.queue.popleft()[0])
+        replica.queued_tokens -= tokens
+        # Several chunks are priced as one chunk with the same attention work (as the engine does).
+        context = max(0, (pairs2 - tokens * (tokens + 1)) // (2 * tokens)) if tokens else 0
+        duration = self.timing.prefill_time(tokens, context)
+        replica.stepping = True
+        replica.busy_s += duration
+        self._busy_log.append((self.now + duration, duration))
+        self._push(self.now + duration, _PREFILL_STEP, (replica, done))
+
+    def _prefill_step_done(self, replica: _Prefill, done: list[int]) -> None:
+        replica.stepping = False
+        for index in done:
+            transfer = self.timing.kv_transfer_time(self.records[index].isl, self.config.kv_bandwidth_bytes_per_s)
+            self._push(self.now + transfer, _TRANSFERRED, index)
+        if replica.queue:
+            self._prefill_step(replica)
+        else:
+            self._stop_if_drained(replica)
+
+    # decode -------------------------------------------------------------------------------------------
+
+    def _route_decode(self, index: int) -> None:
+        replica = self._pick("decode")
+        if replica is None:
+            self._pending["decode"].append(index)
+            return
+        assert isinstance(replica, _Decode)
+        self._bring_up_to_date(replica)
+        replica.waiting.append(index)
+        self._admit(replica)
+        self._reschedule(replica)
+
+    def _account_kv(self, replica: _Decode) -> None:
+        if self.now > replica.updated:
+            replica.kv_area += replica.kv_used * (self.now - replica.updated)
+
+    def _bring_up_to_date(self, replica: _Decode) -> None:
+        """Advance the replica's fluid step count to now."""
+        self._account_kv(replica)
+        if self.now > replica.updated:
+            if replica.running and replica.step_s > 0:
+                replica.steps += (self.now - replica.updated) / replica.step_s
+            replica.updated = self.now
+
+    def _admit(self, replica: _Decode) -> None:
+        while replica.waiting and len(replica.running) < self.config.max_num_seqs:
+            record = self.records[replica.waiting[0]]
+            need = record.isl + record.osl
+            if replica.kv_used + need > self.kv_capacity:
+                break  # FCFS: the head waits for KV, and so does everyone behind it
+            index = replica.waiting.popleft()
+            replica.kv_used += need
+            heapq.heappush(replica.running, (replica.steps + record.osl, index))
+            replica.prompt_sum += record.isl
+            replica.start_sum += replica.steps
+            # Its first token comes at the end of the first step, known once `_reschedule` prices it.
+
+    def _reschedule(self, replica: _Decode) -> None:
+        """Recompute the batch's step time and the next completion; stale events are ignored."""
+        replica.version += 1
+        batch = len(replica.running)
+        if not batch:
+            replica.step_s = 0.0
+            self._stop_if_drained(replica)
+            return
+        replica.step_s = self.timing.decode_step_time(batch, int(replica.context()))
+        for _, index in replica.running:
+            record = self.records[index]
+            if math.isnan(record.first_token):
+                record.first_token = self.now + replica.step_s
+                self._first_tokens.append((record.first_token, index))
+        finish_step = replica.running[0][0]
+        when = self.now + max(0.0, finish_step - replica.steps) * replica.step_s
+        self._push(when, _DECODE_DONE, (replica, replica.version))
+
+    def _decode_checkpoint(self, replica: _Decode) -> None:
+        self._bring_up_to_date(replica)
+        while replica.running and replica.running[0][0] <= replica.steps + 1e-9:
+            finish_step, index = heapq.heappop(replica.running)
+            record = self.records[index]
+            record.finish = self.now
+            self._finishes.append((self.now, index))
+            replica.kv_used -= record.isl + record.osl
+            replica.prompt_sum -= record.isl
+            replica.start_sum -= finish_step - record.osl
+        self._admit(replica)
+        self._reschedule(replica)
+
+    def _stop_if_drained(self, replica: _Replica) -> None:
+        if replica.draining and replica.stopped is None and replica.idle():
+            replica.stopped = self.now
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestOutcomes:
+    """Per-request results of a run, as arrays (seconds; NaN where a request never got there)."""
+
+    arrival: np.ndarray
+    ttft: np.ndarray
+    itl: np.ndarray
+    failed: np.ndarray
+    isl: np.ndarray
+    osl: np.ndarray

@@ -1,0 +1,311 @@
+"""The fluid fleet: the same fleet as `fleetsim`, in steps of aggregate traffic instead of requests.
+
+Where it sits: `backtest` drives it exactly like the per-request simulator (it is a `FleetModel`), for
+series too long to simulate request by request (14 days of ServeGen at tens of requests per second is
+tens of millions of requests; a sweep runs dozens of them). The per-request simulator is the reference:
+`benchmarks/backtest.py` runs both on the 1-hour traces and reports how far apart they are.
+
+Per step of `step_s` (the arrivals of a step are given; lengths are drawn once, as a sample):
+- **Prefill**: a prompt costs a replica S = max(its own prefill time, its share of a full batched
+  step) seconds: long prompts pay their quadratic attention, short ones batch. Work beyond the ready
+  replicas' capacity piles up as a backlog that later steps drain. A request's TTFT is its own lone
+  prefill time (long prompts are slow whatever the load) plus an M/G/c wait over the ready
+  replicas (the frontend sends each prompt to the least-loaded one): with the Erlang-C probability,
+  exponential with mean R / (c·(1 − ρ)), R = E[S²] / 2E[S] (Allen–Cunneen), plus the backlog's drain time, the KV transfer and one decode step.
+  Percentiles are read off the sample.
+- **Decode**: Little's law, c = rate per replica × OSL × ITL(c), solved by fixed-point iteration
+  with ITL from `decode_step_time(c, c × mean context)`; beyond the batch cap or the KV cache, the
+  replica runs at the cap and the excess waits (that wait goes into TTFT). A request's ITL is that of
+  a batch one standard deviation (√c, Poisson) above the mean at the upper percentiles.
+- **Replicas** start, get cancelled and drain as in `fleetsim`; a draining replica holds its GPUs for
+  one mean request lifetime after it stops taking work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner.backtest import WindowScores
+from fleetpilot.planner.fleetsim import FLEET_POOLS, FleetConfig, FleetPool, WindowStats
+
+_SAMPLE = 2000  # requests in the length sample; every percentile is read off it
+
+
+@dataclasses.dataclass
+class _Replica:
+    created: float
+    ready_at: float
+    stopped: float | None = None
+    draining: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLatency:
+    """One step's latencies over the length sample, and what the engines' gauges would read."""
+
+    ttft: np.ndarray  # seconds, one per sampled request
+    itl: np.ndarray
+    busy: float  # prefill utilisation
+    kv_usage: float
+    prefill_backlog_s: float  # replica-seconds of prompt work waiting
+    decode_backlog_requests: float
+
+
+class FluidFleet:
+    """A `FleetModel` over per-step arrival counts (`arrivals[k]` requests in [k·step_s, (k+1)·step_s))."""
+
+    def __init__(self, config: FleetConfig, arrivals: Sequence[float] | np.ndarray, *, step_s: float,
+                 isl_sample: Sequence[int], osl_sample: Sequence[int], initial: Mapping[FleetPool, int],
+                 seed: int = 0) -> None:
+        self.config = config
+        self.timing = config.timing
+        self.step_s = step_s
+        self.arrivals = np.asarray(arrivals, dtype=float)
+        rng = np.random.default_rng(seed)
+        pick = rng.choice(len(isl_sample), size=min(_SAMPLE, len(isl_sample)), replace=False)
+        self.isl = np.asarray(isl_sample, dtype=float)[pick]
+        self.osl = np.asarray(osl_sample, dtype=float)[pick]
+        self.isl_mean, self.osl_mean = float(self.isl.mean()), float(self.osl.mean())
+        # Fixed quantiles for the waiting time, so a run is deterministic and percentiles are smooth.
+        self._wait_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))
+        self._lone_prefill = np.array([self.timing.ttft(int(n)) for n in self.isl])
+        self._transfer = np.array([self.timing.kv_transfer_time(int(n), config.kv_bandwidth_bytes_per_s)
+                                   for n in self.isl])
+        budget = config.max_batched_tokens
+        batched_tokens_per_s = budget / self.timing.prefill_time(budget)
+        service = np.maximum(self.isl / batched_tokens_per_s,
+                             np.array([self.timing.prefill_time(int(n)) for n in self.isl]))
+        self._service_mean = float(service.mean())
+        self._residual_s = float((service**2).mean() / (2 * self._service_mean))
+        context = self.isl_mean + self.osl_mean / 2
+        kv_limit = config.kv_capacity_tokens / (self.isl_mean + self.osl_mean)
+        self.decode_cap = max(1.0, min(float(config.max_num_seqs), kv_limit))
+        self.context = context
+        self.replicas: dict[FleetPool, list[_Replica]] = {pool: [] for pool in FLEET_POOLS}
+        for pool in FLEET_POOLS:
+            for _ in range(int(initial.get(pool, 0))):
+                self.replicas[pool].append(_Replica(created=0.0, ready_at=0.0))
+        self.now = 0.0
+        self._step = 0
+        self._prefill_backlog = 0.0
+        self._decode_backlog = 0.0
+        self.steps: list[StepLatency] = []
+
+    # -- FleetModel ---------------------------------------------------------------------------------------
+
+    def run_until(self, until: float) -> None:
+        while (self._step + 1) * self.step_s <= until + 1e-9 and self._step < len(self.arrivals):
+            self.now = self._step * self.step_s
+            self.steps.append(self._advance(self.arrivals[self._step]))
+            self._step += 1
+            self.now = self._step * self.step_s
+        self.now = max(self.now, until)
+
+    def finish(self) -> None:
+        self.run_until(len(self.arrivals) * self.step_s)
+
+    def set_target(self, pool: FleetPool, replicas: int) -> None:
+        active = [r for r in self.replicas[pool] if r.stopped is None and not r.draining]
+        for _ in range(replicas - len(active)):
+            self.replicas[pool].append(_Replica(created=self.now, ready_at=self.now + self.config.startup_s))
+        surplus = len(active) - max(replicas, 0)
+        starting = sorted((r for r in active if r.ready_at > self.now), key=lambda r: -r.ready_at)
+        for replica in starting[:max(surplus, 0)]:
+            replica.stopped = self.now
+        surplus -= min(max(surplus, 0), len(starting))
+        for replica in [r for r in active if r.ready_at <= self.now][:max(surplus, 0)]:
+            replica.draining = True
+            replica.stopped = self.now + self._lifetime_s()
+
+    def gpu_seconds(self, until: float) -> float:
+        total = 0.0
+        for pool in FLEET_POOLS:
+            for r in self.replicas[pool]:
+                end = until if r.stopped is None else min(r.stopped, until)
+                total += max(0.0, end - r.created) * self.config.gpus[pool]
+        return total
+
+    def ready(self, pool: FleetPool, at: float | None = None) -> int:
+        t = self.now if at is None else at
+        return sum(1 for r in self.replicas[pool] if not r.draining and r.stopped is None and r.ready_at <= t)
+
+    def active(self, pool: FleetPool) -> int:
+        return sum(1 for r in self.replicas[pool] if r.stopped is None and not r.draining)
+
+    def window(self, start: float, end: float, *, percentile: float) -> WindowStats:
+        lo, hi = round(start / self.step_s), round(end / self.step_s)
+        chosen = self.steps[lo:hi]
+        counts = self.arrivals[lo:hi]
+        total = float(counts.sum())
+        length = max(end - start, 1e-9)
+        ttft: float | None = None
+        itl: float | None = None
+        ttft_mean: float | None = None
+        itl_mean: float | None = None
+        if total > 0 and chosen:
+            ttft = _weighted_percentile([s.ttft for s in chosen], counts, percentile)
+            itl = _weighted_percentile([s.itl for s in chosen], counts, percentile)
+            ttft_mean = float(np.average([s.ttft.mean() for s in chosen], weights=counts))
+            itl_mean = float(np.average([s.itl.mean() for s in chosen], weights=counts))
+        return WindowStats(
+            start=start, end=end, arrivals=int(total), rate_rps=total / length,
+            isl_mean=self.isl_mean if total else None, osl_mean=self.osl_mean if total else None,
+            ttft_p=ttft, itl_p=itl, ttft_mean=ttft_mean, itl_mean=itl_mean,
+            prefill_busy=float(np.mean([s.busy for s in chosen])) if chosen else 0.0,
+            decode_kv_usage=float(np.mean([s.kv_usage for s in chosen])) if chosen else 0.0,
+            ready={pool: self.ready(pool) for pool in FLEET_POOLS},
+            active={pool: self.active(pool) for pool in FLEET_POOLS},
+        )
+
+    def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores:
+        per = max(1, round(window_s / self.step_s))
+        count = math.ceil(len(self.steps) / per)
+        requests = np.zeros(count)
+        good = np.zeros(count)
+        ttft_p = np.full(count, np.nan)
+        itl_p = np.full(count, np.nan)
+        met = np.zeros(count, dtype=bool)
+        for w in range(count):
+            chosen = self.steps[w * per:(w + 1) * per]
+            counts = self.arrivals[w * per:w * per + len(chosen)]
+            requests[w] = counts.sum()
+            if requests[w] <= 0:
+                continue
+            ttft_p[w] = _weighted_percentile([s.ttft for s in chosen], counts, sla.percentile)
+            itl_p[w] = _weighted_percentile([s.itl for s in chosen], counts, sla.percentile)
+            good[w] = sum(c * float(np.mean((s.ttft <= sla.ttft_ms / 1e3) & (s.itl <= sla.itl_ms / 1e3)))
+                          for s, c in zip(chosen, counts, strict=True))
+            met[w] = ttft_p[w] <= sla.ttft_ms / 1e3 and itl_p[w] <= sla.itl_ms / 1e3
+        return WindowScores(requests=requests, ttft_p=ttft_p, itl_p=itl_p, good=good, met=met)
+
+    # -- the model ----------------------------------------------------------------------------------------
+
+    def latency(self, rate_rps: float, prefill: int, decode: int, *, prefill_backlog: float = 0.0,
+                decode_backlog: float = 0.0, step_s: float | None = None) -> StepLatency:
+        """Latencies of one step at `rate_rps` on `prefill` and `decode` ready replicas (pure)."""
+        step = self.step_s if step_s is None else step_s
+        # Prefill work in replica-seconds: each prompt costs its own (attention-aware) prefill time,
+        # or its share of a full batched step when it is short enough to be batched with others.
+        offered = rate_rps * self._service_mean
+        capacity = float(max(prefill, 0))
+        rho = offered / capacity if capacity > 0 else math.inf
+        backlog = max(0.0, prefill_backlog + (offered - capacity) * step)
+        held = min(rho, 0.99)
+        # M/G/c wait (Erlang C with the Allen–Cunneen correction): a prompt waits with the Erlang-C
+        # probability, then for an exponential time of mean R / (c·(1 − ρ)), R = E[S²] / 2E[S] the mean
+        # residual prompt: long-tailed prompts make everyone behind them wait longer.
+        waits = erlang_c(prefill, held * prefill) if prefill > 0 else 1.0
+        tail = np.clip((self._wait_u - (1.0 - waits)) / max(waits, 1e-12), 0.0, 1.0 - 1e-12)
+        mean_wait = self._residual_s / (max(prefill, 1) * (1.0 - held))
+        wait = np.where(self._wait_u > 1.0 - waits, -np.log1p(-tail) * mean_wait, 0.0)
+        drain = backlog / capacity if capacity > 0 else math.inf
+        # Decode: Little's law fixed point, capped at the batch / KV limit.
+        per_replica = rate_rps / decode if decode > 0 else math.inf
+        concurrency, overloaded = self._concurrency(per_replica)
+        itl_mean = self._itl(concurrency)
+        spread = min(concurrency + math.sqrt(max(concurrency, 0.0)), self.decode_cap)
+        itl_high = self._itl(spread)
+        # Requests' ITLs: the mean batch for most, one standard deviation up for the upper tail.
+        itl = np.where(self._wait_u > 0.5, itl_high, itl_mean) * np.ones_like(self.isl)
+        served = decode * concurrency / (self.osl_mean * itl_mean) if decode > 0 and itl_mean > 0 else 0.0
+        d_backlog = max(0.0, decode_backlog + (rate_rps - served) * step) if overloaded or decode_backlog > 0 \
+            else 0.0
+        d_wait = d_backlog / served if served > 0 else math.inf
+        ttft = self._lone_prefill + wait + drain + self._transfer + d_wait + itl_mean
+        return StepLatency(
+            ttft=ttft, itl=itl, busy=min(1.0, rho), kv_usage=min(1.0, concurrency * self.context
+                                                                  / self.config.kv_capacity_tokens),
+            prefill_backlog_s=backlog, decode_backlog_requests=d_backlog,
+        )
+
+    def _itl(self, concurrency: float) -> float:
+        batch = max(1, round(concurrency))
+        return self.timing.decode_step_time(batch, int(batch * self.context))
+
+    def _concurrency(self, per_replica_rps: float) -> tuple[float, bool]:
+        if not math.isfinite(per_replica_rps):
+            return self.decode_cap, True
+        c = per_replica_rps * self.osl_mean * self._itl(1)
+        for _ in range(50):
+            following = per_replica_rps * self.osl_mean * self._itl(c)
+            if following > self.decode_cap:
+                return self.decode_cap, True
+            if abs(following - c) < 1e-3:
+                return following, False
+            c = following
+        return c, False
+
+    def _lifetime_s(self) -> float:
+        return float(self._lone_prefill.mean() + self.osl_mean * self._itl(1))
+
+    def _advance(self, count: float) -> StepLatency:
+        mid = self.now + self.step_s / 2
+        result = self.latency(count / self.step_s, self.ready("prefill", mid), self.ready("decode", mid),
+                              prefill_backlog=self._prefill_backlog, decode_backlog=self._decode_backlog)
+        self._prefill_backlog = result.prefill_backlog_s
+        self._decode_backlog = result.decode_backlog_requests
+        return result
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """The probability that an arrival waits in an M/M/c queue with `offered` Erlangs of load."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    term = total = 1.0
+    for k in range(1, servers):
+        term *= offered / k
+        total += term
+    last = term * offered / servers / (1.0 - offered / servers)
+    return last / (total + last)
+
+
+def _weighted_percentile(samples: Sequence[np.ndarray], weights: np.ndarray, percentile: float) -> float:
+    """The percentile of a mixture of equally sized samples, sample k weighing `weights[k]`."""
+    values = np.concatenate(samples)
+    each = np.repeat(np.asarray(weights, dtype=float) / max(len(samples[0]), 1), len(samples[0]))
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(each[order])
+    if cumulative[-1] <= 0:
+        return math.nan
+    position = np.searchsorted(cumulative, percentile / 100.0 * cumulative[-1])
+    return float(values[order][min(position, len(values) - 1)])
+
+
+def fluid_needs(fleet: FluidFleet, *, interval_s: float, sla: api.SlaTarget, margin: float,
+                bounds: Mapping[FleetPool, tuple[int, int]]) -> list[dict[FleetPool, int]]:
+    """Per interval, the fewest prefill then decode replicas whose latencies meet `margin` × the SLA
+    at every step of the interval (no backlog carried in): the oracle's needs on the fluid model."""
+    per = max(1, round(interval_s / fleet.step_s))
+    count = math.ceil(len(fleet.arrivals) / per)
+    ttft_target, itl_target = sla.ttft_ms / 1e3 * margin, sla.itl_ms / 1e3 * margin
+    (p_lo, p_hi), (d_lo, d_hi) = bounds["prefill"], bounds["decode"]
+    q = sla.percentile
+    needs: list[dict[FleetPool, int]] = []
+    for w in range(count):
+        peak = float(fleet.arrivals[w * per:(w + 1) * per].max()) / fleet.step_s
+        if peak <= 0:
+            needs.append({"prefill": p_lo, "decode": d_lo})
+            continue
+        prefill = next((p for p in range(max(p_lo, 1), p_hi + 1)
+                        if np.percentile(fleet.latency(peak, p, d_hi).ttft, q) <= ttft_target), p_hi)
+        decode = next((d for d in range(max(d_lo, 1), d_hi + 1)
+                       if _meets(fleet.latency(peak, prefill, d), q, ttft_target, itl_target)), d_hi)
+        needs.append({"prefill": prefill, "decode": decode})
+    return needs
+
+
+def _meets(latency: StepLatency, q: float, ttft_target: float, itl_target: float) -> bool:
+    return bool(np.percentile(latency.ttft, q) <= ttft_target and np.percentile(latency.itl, q) <= itl_target)
+
+
+def poisson_counts(rates_rps: Sequence[float] | np.ndarray, *, step_s: float, seed: int = 0) -> np.ndarray:
+    """Arrivals per step of a Poisson process with the given per-step rates (ServeGen synthesis)."""
+    rng = np.random.default_rng(seed)
+    return rng.poisson(np.asarray(rates_rps, dtype=float) * step_s).astype(float)

@@ -1,0 +1,342 @@
+"""The scaling policies a backtest compares, behind one small interface.
+
+Each policy sees what a live controller would (the last interval's `WindowStats`: rate, lengths,
+latencies, utilisation, ready replicas) and returns the replicas each pool should run. Each has one
+aggressiveness knob, so that a sweep can draw its cost–attainment curve:
+
+| policy | what it is | knob |
+|---|---|---|
+| `static-peak` / `static-mean` | a fixed fleet sized (by the planner's sizing) for the trace's peak / mean interval | load factor |
+| `hpa` | Kubernetes' HPA formula on utilisation (prefill busy share, decode KV usage), 300 s down-stabilisation, 10% tolerance | target utilisation |
+| `dynamo` | a throughput planner as NVIDIA Dynamo documents it: mean TTFT/ITL corrections (prefill capped at 1), next-interval forecast, no hold | load factor |
+| `fleetpilot-<predictor>` | the real planner core (`core.plan_interval`) | headroom |
+| `oracle` | perfect foresight: the fewest replicas per window that meet the SLA, asked for a startup time ahead | share given up (< 0: latency margin) |
+
+Pure: no I/O and no clock. The oracle's per-window needs are computed by the caller (it needs the
+fleet model) and handed in as plain numbers.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import capacity as capacities
+from fleetpilot.planner import core, predict, sizing
+from fleetpilot.planner.fleetsim import FLEET_POOLS, FleetPool, WindowStats
+
+Replicas = dict[FleetPool, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What every policy may know about the graph it scales."""
+
+    capacity: capacities.CapacityModel
+    sla: api.SlaTarget
+    interval_s: float
+    startup_s: float
+    bounds: Mapping[FleetPool, tuple[int, int]]  # (min, max) per pool
+
+    def clamp(self, replicas: Mapping[FleetPool, int]) -> Replicas:
+        return {pool: min(max(replicas.get(pool, lo), lo), hi) for pool, (lo, hi) in self.bounds.items()}
+
+
+class Policy(Protocol):
+    """A scaling policy: the replicas to start with, then a decision per interval."""
+
+    name: str
+    knob: float
+
+    def initial(self) -> Replicas: ...
+
+    def decide(self, stats: WindowStats, now: float) -> Replicas: ...
+
+    def forecast(self) -> float | None:
+        """The request rate this policy planned the last decision for (None: it does not forecast)."""
+        ...
+
+
+# -- a memo shared by every run of a sweep -------------------------------------------------------------
+
+
+class MemoPredictor:
+    """A predictor that remembers its forecasts: in an open-loop backtest the offered rate, hence the
+    history a forecast is fitted on, is the same whatever the policy does, so a sweep over a knob fits
+    each model once per interval instead of once per run."""
+
+    def __init__(self, inner: predict.Predictor) -> None:
+        self.inner = inner
+        self._memo: dict[tuple[int, int, float, int], predict.Forecast] = {}
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def forecast(self, history: Sequence[float], *, steps: int, step_seconds: float) -> predict.Forecast:
+        key = (len(history), steps, step_seconds, hash(tuple(history)))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self.inner.forecast(history, steps=steps, step_seconds=step_seconds)
+        return found
+
+
+# -- static --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class IntervalLoad:
+    """The offered load of one interval of the trace, as the static sizings read it."""
+
+    rate_rps: float
+    isl: float
+    osl: float
+
+
+def static_replicas(setting: Setting, loads: Sequence[IntervalLoad], *, level: str, factor: float) -> Replicas:
+    """A fixed fleet for the trace's peak (or mean) interval load × `factor`, sized as the planner sizes."""
+    busy = [load for load in loads if load.rate_rps > 0]
+    if not busy:
+        return setting.clamp({})
+    if level == "peak":
+        top = max(busy, key=lambda load: load.rate_rps)
+        load = sizing.Load(rate_rps=top.rate_rps * factor, isl=top.isl, osl=top.osl)
+    else:
+        total = sum(load.rate_rps for load in busy)
+        load = sizing.Load(
+            rate_rps=total / len(loads) * factor,
+            isl=sum(load.rate_rps * load.isl for load in busy) / total,
+            osl=sum(load.rate_rps * load.osl for load in busy) / total,
+        )
+    desired = sizing.size(load, setting.capacity, setting.sla, headroom=0.0)
+    return setting.clamp({"prefill": desired.replicas["prefill"], "decode": desired.replicas["decode"]})
+
+
+class Static:
+    def __init__(self, setting: Setting, loads: Sequence[IntervalLoad], *, level: str, factor: float) -> None:
+        self.name = f"static-{level}"
+        self.knob = factor
+        self.replicas = static_replicas(setting, loads, level=level, factor=factor)
+
+    def initial(self) -> Replicas:
+        return dict(self.replicas)
+
+    def decide(self, stats: WindowStats, now: float) -> Replicas:
+        return dict(self.replicas)
+
+    def forecast(self) -> float | None:
+        return None
+
+
+# -- HPA -----------------------------------------------------------------------------------------------
+
+
+class Hpa:
+    """Kubernetes' HorizontalPodAutoscaler algorithm, per pool, on a utilisation metric.
+
+    desired = ceil(ready × utilisation / target), unchanged while the ratio is within the 10%
+    tolerance; a scale-down takes the highest recommendation of the last 300 s (the default
+    stabilisation window), a scale-up applies at once.
+    """
+
+    TOLERANCE = 0.1
+    DOWN_WINDOW_S = 300.0
+
+    def __init__(self, setting: Setting, *, target: float, initial: Mapping[FleetPool, int]) -> None:
+        if not 0 < target <= 1:
+            raise ValueError(f"target utilisation must lie in (0, 1], got {target}")
+        self.name = "hpa"
+        self.knob = target
+        self.setting = setting
+        self._initial = setting.clamp(initial)
+        self._current = dict(self._initial)
+        self._recommendations: dict[FleetPool, collections.deque[tuple[float, int]]] = {
+            pool: collections.deque() for pool in FLEET_POOLS}
+
+    def initial(self) -> Replicas:
+        return dict(self._initial)
+
+    def decide(self, stats: WindowStats, now: float) -> Replicas:
+        metrics = {"prefill": stats.prefill_busy, "decode": stats.decode_kv_usage}
+        decision: Replicas = {}
+        for pool in FLEET_POOLS:
+            current = self._current[pool]
+            ratio = metrics[pool] / self.knob
+            ready = max(stats.ready[pool], 1)
+            raw = current if abs(ratio - 1.0) <= self.TOLERANCE else math.ceil(ready * ratio - 1e-9)
+            lo, hi = self.setting.bounds[pool]
+            raw = min(max(raw, lo), hi)
+            window = self._recommendations[pool]
+            window.append((now, raw))
+            while window and window[0][0] < now - self.DOWN_WINDOW_S:
+                window.popleft()
+            decision[pool] = raw if raw >= current else max(n for _, n in window)
+        self._current = decision
+        return dict(decision)
+
+    def forecast(self) -> float | None:
+        return None
+
+
+# -- Dynamo-style throughput planner -------------------------------------------------------------------
+
+
+class DynamoStyle:
+    """The throughput planner NVIDIA Dynamo documents, rebuilt on our capacity model.
+
+    Every interval: corrections from *mean* TTFT and ITL (prefill: observed / lone-request TTFT at the
+    observed ISL, used only when it is below 1; decode: observed / expected ITL at the observed load),
+    a forecast of the *next* interval only, and replicas = predicted token load / per-replica
+    throughput, applied at once (no hold, no step limit). `factor` multiplies the predicted load.
+    """
+
+    def __init__(self, setting: Setting, predictor: predict.Predictor, *, factor: float,
+                 initial: Mapping[FleetPool, int]) -> None:
+        self.name = "dynamo"
+        self.knob = factor
+        self.setting = setting
+        self.predictor = predictor
+        self._initial = setting.clamp(initial)
+        self._current = dict(self._initial)
+        self._rates: list[float] = []
+        self._last_forecast: float | None = None
+
+    def initial(self) -> Replicas:
+        return dict(self._initial)
+
+    def decide(self, stats: WindowStats, now: float) -> Replicas:
+        self._rates.append(stats.rate_rps)
+        if not stats.arrivals or stats.isl_mean is None or stats.osl_mean is None:
+            return dict(self._current)
+        capacity, sla = self.setting.capacity, self.setting.sla
+        isl, osl = stats.isl_mean, stats.osl_mean
+        forecast = self.predictor.forecast(self._rates, steps=1, step_seconds=self.setting.interval_s)
+        rate = max(forecast.mean[0], 0.0) * self.knob
+        self._last_forecast = rate
+        p_correction = sizing.correction(stats.ttft_mean, capacity.lone_ttft_s(isl).value)
+        per_decode = stats.rate_rps / max(stats.ready["decode"], 1)
+        expected_itl = capacity.expected_itl_s(isl, osl, per_decode)
+        d_correction = sizing.correction(stats.itl_mean, expected_itl if math.isfinite(expected_itl) else None)
+        prefill = math.ceil(rate * isl * min(1.0, p_correction) / capacity.prefill_tokens_per_s(isl).value - 1e-9)
+        per_replica = capacity.decode_rate_per_replica(isl, osl, sla.itl_ms / 1e3 / max(d_correction, 1e-3))
+        most = self.setting.bounds["decode"][1]
+        decode = math.ceil(rate / per_replica - 1e-9) if per_replica > 0 else most
+        self._current = self.setting.clamp({"prefill": prefill, "decode": decode})
+        return dict(self._current)
+
+    def forecast(self) -> float | None:
+        return self._last_forecast
+
+
+# -- fleetpilot's planner --------------------------------------------------------------------------------
+
+
+class Fleetpilot:
+    """The planner itself: `core.plan_interval`, the same call the live planner makes."""
+
+    def __init__(self, setting: Setting, predictor: predict.Predictor, *, predictor_name: str, headroom: float,
+                 initial: Mapping[FleetPool, int], hold_s: float | None = None) -> None:
+        self.name = f"fleetpilot-{predictor_name}"
+        self.knob = headroom
+        self.predictor = predictor
+        self.setting = setting
+        self.config = core.GraphPlanConfig(
+            mode="sla", sla=setting.sla, predictor=predictor_name, interval_s=setting.interval_s,
+            bounds={pool: api.ScalingBounds.model_validate({"min": lo, "max": hi})
+                    for pool, (lo, hi) in setting.bounds.items()},
+            gpus_per_replica=dict.fromkeys(FLEET_POOLS, 1),
+            startup_s=setting.startup_s, hold_s=hold_s if hold_s is not None else 5 * setting.interval_s,
+            headroom=headroom,
+        )
+        self.memory = core.GraphMemory()
+        self._initial = setting.clamp(initial)
+        self._current: dict[sizing.Pool, int] = dict(self._initial.items())
+        self.last_plan: core.Plan | None = None
+
+    def initial(self) -> Replicas:
+        return dict(self._initial)
+
+    def decide(self, stats: WindowStats, now: float) -> Replicas:
+        observation = core.Observation(
+            time=now, rate_rps=stats.rate_rps, isl=stats.isl_mean, osl=stats.osl_mean,
+            ttft_s=stats.ttft_p, itl_s=stats.itl_p,
+        )
+        plan, self.memory = core.plan_interval(
+            self.config, observation, self.memory, current=self._current, capacity=self.setting.capacity,
+            now=now, ready=dict(stats.ready.items()), predictor=self.predictor,
+        )
+        self.last_plan = plan
+        decision: Replicas = {pool: plan.replicas[pool] for pool in FLEET_POOLS}
+        self._current = dict(decision.items())
+        return decision
+
+    def forecast(self) -> float | None:
+        plan = self.last_plan
+        return plan.predicted.rate_rps if plan is not None and plan.predicted is not None else None
+
+
+# -- the oracle ------------------------------------------------------------------------------------------
+
+
+def lookahead_targets(needs: Sequence[Mapping[FleetPool, int]], *, interval_s: float, startup_s: float,
+                      ) -> list[Replicas]:
+    """What to ask for at the start of each interval so that window k has `needs[k]` ready in time.
+
+    A replica asked for now serves from `startup_s` on, so each decision covers every window until the
+    next decision's replicas can be ready: the highest need over the next ceil(startup / interval)
+    windows, this one included.
+    """
+    ahead = math.ceil(startup_s / interval_s)
+    targets: list[Replicas] = []
+    for k in range(len(needs)):
+        span = needs[k:k + ahead + 1]
+        targets.append({pool: max(need[pool] for need in span) for pool in FLEET_POOLS})
+    return targets
+
+
+def give_up(needs: Sequence[Mapping[FleetPool, int]], setting: Setting, share: float) -> list[dict[FleetPool, int]]:
+    """The cheapest way to miss `share` of the intervals: leave the dearest ones at the minimum fleet.
+
+    Needs at the minimum cost nothing to give up, so only intervals that need more are candidates.
+    """
+    mins = {pool: lo for pool, (lo, _) in setting.bounds.items()}
+    kept = [dict(need) for need in needs]
+    extra = sorted(((sum(need[p] - mins[p] for p in FLEET_POOLS), k) for k, need in enumerate(needs)), reverse=True)
+    for cost, k in extra[:math.floor(share * len(needs))]:
+        if cost > 0:
+            kept[k] = dict(mins)
+    return kept
+
+
+class Oracle:
+    """Perfect foresight: per-window needs (computed from the trace itself), asked for ahead of time.
+
+    Its knob runs from cheap to safe like everyone else's: a positive value is the share of intervals
+    it gives up (the dearest ones, left at the minimum fleet: the least GPUs for that attainment), a
+    negative one tightens the latency targets it sizes for (−0.1: 90% of target) for a safety margin.
+    """
+
+    def __init__(self, setting: Setting, needs: Sequence[Mapping[FleetPool, int]], *, knob: float) -> None:
+        self.name = "oracle"
+        self.knob = knob
+        self.setting = setting
+        chosen = give_up(needs, setting, knob) if knob > 0 else needs
+        self.targets = lookahead_targets(chosen, interval_s=setting.interval_s, startup_s=setting.startup_s)
+
+    def initial(self) -> Replicas:
+        return self._at(0)
+
+    def decide(self, stats: WindowStats, now: float) -> Replicas:
+        return self._at(round(now / self.setting.interval_s))
+
+    def _at(self, k: int) -> Replicas:
+        if not self.targets:
+            return self.setting.clamp({})
+        return self.setting.clamp(self.targets[min(k, len(self.targets) - 1)])
+
+    def forecast(self) -> float | None:
+        return None
