@@ -1,4 +1,4 @@
-"""A thin async Kubernetes REST adapter: get, list, watch, create, server-side apply, delete, events.
+"""A thin async Kubernetes REST adapter: get, list, watch, create, replace, server-side apply, delete, events.
 
 The operator's (and the frontend's worker discovery's) only door to the API. Credentials come
 from the `kubernetes` package's config loaders (kubeconfig or in-cluster, with token refresh);
@@ -58,6 +58,7 @@ KINDS: dict[str, Kind] = {
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "Lease": Kind("coordination.k8s.io/v1", "leases"),
 }
 
 
@@ -124,8 +125,9 @@ class KubeApi:
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
-        # get_api_key_with_prefix runs the refresh hook, so rotated in-cluster tokens are picked up.
-        token = self._configuration.get_api_key_with_prefix("authorization")
+        # get_api_key_with_prefix runs the refresh hook, so rotated in-cluster tokens are picked up. The
+        # kubernetes package keeps a token under "BearerToken" (kubeconfig and in-cluster alike).
+        token = self._configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         if token:
             headers["Authorization"] = token
         if content_type:
@@ -191,6 +193,15 @@ class KubeApi:
         namespace = manifest["metadata"].get("namespace")
         return await self._request(
             "POST", kind.path(namespace), params={"fieldManager": self.field_manager}, body=manifest
+        )
+
+    async def replace(self, manifest: Manifest) -> Manifest:
+        """PUT the whole object; its metadata.resourceVersion makes it conditional (409 when stale)."""
+        kind = KINDS[manifest["kind"]]
+        meta = manifest["metadata"]
+        return await self._request(
+            "PUT", kind.path(meta.get("namespace"), meta["name"]), params={"fieldManager": self.field_manager},
+            body=manifest,
         )
 
     async def apply(self, manifest: Manifest, *, subresource: str | None = None) -> Manifest:

@@ -28,3 +28,7 @@ def forget_graph(namespace: str, graph: str) -> None:
                 GRAPH_CONDITION.remove(namespace, graph, type_, value)
             except KeyError:
                 pass
+LEADER = Gauge(
+    "fleetpilot_operator_leader",
+    "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.",
+)

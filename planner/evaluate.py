@@ -381,7 +381,9 @@ def plot_timeline(result: backtest.RunResult, scenario: Scenario, path: Path, *,
     fig, axes = plt.subplots(4, 1, figsize=(11, 9), sharex=True)
     axes[0].plot(hours, t.rate, label="offered req/s", lw=1)
     if np.isfinite(t.forecast).any():
-        axes[0].plot(hours, t.forecast, label="planned-for req/s (forecast)", lw=1, alpha=0.8)
+        # A forecast made at the end of an interval is for the ones after it: drawn where it applies.
+        ahead = hours + scenario.setting.interval_s / 3600.0
+        axes[0].plot(ahead, t.forecast, label="planned-for req/s (forecast, drawn where it applies)", lw=1, alpha=0.8)
     axes[0].set_ylabel("req/s")
     for ax, pool in zip(axes[1:3], fleetsim.FLEET_POOLS, strict=True):
         ax.step(hours, t.active[pool], where="post", label=f"{pool} asked for")

@@ -207,6 +207,8 @@ class FluidFleet:
         # Decode: Little's law fixed point, capped at the batch / KV limit.
         per_replica = rate_rps / decode if decode > 0 else math.inf
         concurrency, overloaded = self._concurrency(per_replica)
+        if decode_backlog > 0:  # requests are waiting: the replicas run full batches until they catch up
+            concurrency, overloaded = self.decode_cap, True
         itl_mean = self._itl(concurrency)
         spread = min(concurrency + math.sqrt(max(concurrency, 0.0)), self.decode_cap)
         itl_high = self._itl(spread)

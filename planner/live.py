@@ -17,6 +17,7 @@ import dataclasses
 import datetime
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pydantic
@@ -45,6 +46,8 @@ FORECAST_ERROR = Gauge("fleetpilot_planner_forecast_error_ratio", "|forecast - o
 HOLDING = Gauge("fleetpilot_planner_holding", "1 while the planner holds replicas for lack of data.",
                 ["namespace", "graph"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
+LEADER = Gauge("fleetpilot_planner_leader",
+                "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
 PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Time to plan one graph once.",
                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
@@ -71,7 +74,11 @@ class ProfileError(Exception):
 
 class LivePlanner:
     def __init__(self, kube: kube_mod.KubeApi, observer: PrometheusObserver, *, namespaces: list[str] | None = None,
-                 startup_s: float = 120.0, hold_s: float | None = None, budgets: dict[str, int] | None = None) -> None:
+                 startup_s: float = 120.0, hold_s: float | None = None, budgets: dict[str, int] | None = None,
+                 may_act: Callable[[], bool] = lambda: True) -> None:
+        # With leader election, whether this replica still holds the Lease: checked before planning a
+        # graph and again before writing, since observing Prometheus can take a while.
+        self.may_act = may_act
         self.budgets = budgets or {}
         # Each graph's last claim on its shared budget; a graph's share uses the others' latest claims.
         self.claims: dict[str, dict[str, sizing.BudgetClaim]] = {}
@@ -109,6 +116,8 @@ class LivePlanner:
             mode = body.get("spec", {}).get("planner", {}).get("mode", "off")
             if mode == "off" or body["metadata"].get("deletionTimestamp") or self.next_due.get(key, 0) > now:
                 continue
+            if not self.may_act():
+                return
             interval = float(body["spec"]["planner"].get("intervalSeconds", 60))
             self.next_due[key] = now + interval
             with PLANNING_SECONDS.time():
@@ -202,6 +211,8 @@ class LivePlanner:
                 wanted_gpus=plan.wanted_gpus)
         if budget_note:
             plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
+        if not self.may_act():
+            return None
         self._export(namespace, name, plan)
         logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
 

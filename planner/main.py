@@ -1,4 +1,9 @@
-"""Entry point of `fleetpilot planner run`: one process for every graph with the planner on."""
+"""Entry point of `fleetpilot planner run`: one process for every graph with the planner on.
+
+With `--leader-elect`, several replicas may run: each waits for the leader Lease (fleetpilot.leader)
+before planning, so only one writes /scale, status and Events. A leader that loses the Lease exits
+at once with status 1; on SIGTERM it finishes the graph at hand and hands the Lease back.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ import signal
 from typing import Any
 
 import prometheus_client
+
+from fleetpilot import leader
+from fleetpilot.planner import backtest_cli
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -31,12 +39,33 @@ async def _main(args: argparse.Namespace) -> None:
     planner = live.LivePlanner(api, PrometheusObserver(args.prometheus_url), namespaces=args.namespace or None,
                                startup_s=args.startup_seconds, hold_s=args.hold_seconds, budgets=budgets)
     try:
-        await planner.run(stop)
+        if not args.leader_elect:
+            live.LEADER.set(1)
+            await planner.run(stop)
+            return
+        elector = leader.elector_from_args(api, args, on_change=lambda leading: live.LEADER.set(int(leading)))
+        if not await elector.acquire(stop):
+            return
+        planner.may_act = lambda: elector.leading
+        holding = asyncio.create_task(elector.hold(stop), name="leader lease")
+        planning = asyncio.create_task(planner.run(stop), name="planner")
+        await asyncio.wait({holding, planning}, return_when=asyncio.FIRST_COMPLETED)
+        if holding.done() and (holding.cancelled() or holding.exception() is not None):
+            leader.exit_now()  # another replica may already plan: not one more write from here
+        stop.set()
+        await planning  # re-raises if the loop itself failed
+        await holding
+        await elector.release()
     finally:
         await api.aclose()
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "backtest":
+        from fleetpilot.planner import backtest_cli
+        return backtest_cli.run(args)
+    if not args.prometheus_url:
+        raise SystemExit("fleetpilot planner run: --prometheus-url is required, e.g. http://prometheus.monitoring:9090")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "cmdstanpy", "prophet"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -48,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("planner", help="the SLA planner for every graph with spec.planner.mode not off")
-    parser.add_argument("action", choices=["run"])
-    parser.add_argument("--prometheus-url", required=True, help="e.g. http://prometheus.monitoring:9090")
+    parser.add_argument("action", choices=["run", "backtest"],
+                        help="run: plan live from Prometheus; backtest: replay a trace through a simulated fleet")
+    parser.add_argument("--prometheus-url", help="run: e.g. http://prometheus.monitoring:9090")
     parser.add_argument("--namespace", "-n", action="append", default=[], help="plan only these (repeatable)")
     parser.add_argument("--startup-seconds", type=float, default=120.0,
                         help="how long a new replica takes to become ready: the forecast horizon")
@@ -58,4 +88,6 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--gpu-budget", action="append", default=[], metavar="NAME=GPUS",
                         help="a GPU budget graphs share by naming it in spec.planner.budget (repeatable)")
     parser.add_argument("--metrics-port", type=int, default=8081, help="Prometheus metrics port (0: off)")
+    leader.add_arguments(parser, lease_name="fleetpilot-planner")
+    backtest_cli.add_arguments(parser)
     parser.set_defaults(func=run)

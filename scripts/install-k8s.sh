@@ -5,11 +5,13 @@
 # Go module proxy at a pinned release: a throw-away build module requires k8s.io/kubernetes and
 # redirects each of its staging modules (which its own go.mod points at ./staging) to the matching
 # published v0.X module.  kwok (simulated nodes) installs with a plain `go install`.
+# Helm (the chart's lint and template tests) installs the same way as kwok.
 # Everything lands under ~/.cache/fleetpilot/, so a second run is a no-op.
 set -euo pipefail
 
 K8S_VERSION="${FLEETPILOT_K8S_VERSION:-v1.30.14}"
 KWOK_VERSION="${FLEETPILOT_KWOK_VERSION:-v0.8.0}"
+HELM_VERSION="${FLEETPILOT_HELM_VERSION:-v3.21.4}"
 CACHE="${FLEETPILOT_CACHE:-$HOME/.cache/fleetpilot}"
 BIN="$CACHE/k8s/$K8S_VERSION/bin"
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
@@ -52,6 +54,21 @@ if [[ -x "$CACHE/bin/kwok" ]]; then
 else
   echo "install-k8s: installing kwok $KWOK_VERSION"
   GOBIN="$CACHE/bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+fi
+
+# Helm learns its own version, and the Kubernetes version `helm template` and `helm lint` assume
+# (v1.20 otherwise, older than the chart's kubeVersion), only from ldflags: set them as Helm's own
+# Makefile does (Kubernetes 1.<minor of its client-go>). A binary that reports another version is rebuilt.
+HELM_K8S_MINOR="${FLEETPILOT_HELM_K8S_MINOR:-36}"
+if [[ -x "$CACHE/bin/helm" ]] && "$CACHE/bin/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$HELM_VERSION"; then
+  echo "install-k8s: helm $HELM_VERSION cached in $CACHE/bin"
+else
+  echo "install-k8s: installing helm $HELM_VERSION (a few minutes on 2 cores)"
+  helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_K8S_MINOR"
+  done
+  GOBIN="$CACHE/bin" go install -trimpath -ldflags "$helm_ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 
 # kwok's own stage definitions (shipped in its module) drive node heartbeats and pod lifecycles.

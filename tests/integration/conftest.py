@@ -3,13 +3,15 @@
 One control plane per test session (etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 and kwok's simulated GPU nodes, started by fleetpilot.devcluster and stopped by their saved PIDs),
 the generated CRDs applied to it, and the operator running as a separate process, exactly as a user
-would run it. Each test gets its own namespace.
+would run it: with the Helm chart's ServiceAccount and RBAC (a token minted for it), so every operator
+test also proves the chart grants enough and the operator needs no more. Each test gets its own namespace.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +30,9 @@ from fleetpilot.devcluster import cluster as devcluster
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_GPUS = 32  # 4 simulated nodes x 8
+CHART = REPO / "charts" / "fleetpilot"
+CHART_NAMESPACE = "fleetpilot-system"  # where the chart's ServiceAccounts live in the test cluster
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
 def wait_for(
@@ -148,9 +153,67 @@ class OperatorProcess:
         return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("operator-*.log")))
 
 
+def helm_binary() -> str:
+    cache = Path(os.environ.get("FLEETPILOT_CACHE", Path.home() / ".cache" / "fleetpilot"))
+    found = shutil.which("helm") or str(cache / "bin" / "helm")
+    assert Path(found).is_file(), f"helm is missing: scripts/setup.sh installs it ({found})"
+    return found
+
+
+def render_chart(*args: str, namespace: str, release: str = "fleetpilot") -> list[dict[str, Any]]:
+    """`helm template` of charts/fleetpilot into `namespace`; args are more helm flags."""
+    out = subprocess.run([helm_binary(), "template", release, str(CHART), "--namespace", namespace, *args],
+                         capture_output=True, text=True, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def token_kubeconfig(kubectl: Kubectl, *, namespace: str, service_account: str, path: Path) -> Path:
+    """A kubeconfig for the test cluster that authenticates as a ServiceAccount (a TokenRequest token)."""
+    token = kubectl.run("create", "token", service_account, "-n", namespace, "--duration=24h").stdout.strip()
+    admin = yaml.safe_load(kubectl.kubeconfig.read_text())
+    cluster = dict(admin["clusters"][0]["cluster"])
+    if "certificate-authority" in cluster:  # relative paths are relative to the admin kubeconfig
+        cluster["certificate-authority"] = str((kubectl.kubeconfig.parent / cluster["certificate-authority"]).resolve())
+    user = f"system:serviceaccount:{namespace}:{service_account}"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "test", "cluster": cluster}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": user}}],
+    }))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class ChartIdentities:
+    """The chart's operator and planner ServiceAccounts, installed with their RBAC, and a kubeconfig for each."""
+
+    namespace: str
+    kubeconfigs: dict[str, Path]
+
+    def user(self, component: str) -> str:
+        return f"system:serviceaccount:{self.namespace}:fleetpilot-{component}"
+
+
 @pytest.fixture(scope="session")
-def operator(control_plane: devcluster.Cluster, crds: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(control_plane.config.kubeconfig, tmp_path_factory.mktemp("operator"))
+def chart_identities(kubectl: Kubectl, crds: None, tmp_path_factory: pytest.TempPathFactory) -> ChartIdentities:
+    """The chart's RBAC with default values (cluster-wide), applied for real in fleetpilot-system."""
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHART_NAMESPACE}})
+    rbac = [doc for doc in render_chart(namespace=CHART_NAMESPACE) if doc["kind"] in RBAC_KINDS]
+    kubectl.run("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(rbac))
+    folder = tmp_path_factory.mktemp("identities")
+    return ChartIdentities(CHART_NAMESPACE, {
+        component: token_kubeconfig(kubectl, namespace=CHART_NAMESPACE, service_account=f"fleetpilot-{component}",
+                                    path=folder / f"{component}.kubeconfig")
+        for component in ("operator", "planner")
+    })
+
+
+@pytest.fixture(scope="session")
+def operator(chart_identities: ChartIdentities, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    # Least privilege: the operator runs as the chart's ServiceAccount, not as the cluster admin.
+    process = OperatorProcess(chart_identities.kubeconfigs["operator"], tmp_path_factory.mktemp("operator"))
     process.start()
     yield process
     process.stop()

@@ -1,0 +1,117 @@
+"""`fleetpilot planner backtest`: how each scaling policy would have done on a trace, before going live.
+
+    fleetpilot planner backtest --trace azure_code.csv --profile h200_llama31_8b_fp8_vllm \\
+        --sla ttft=500ms,itl=50ms,p=90 [--rate-scale 4] [--out results/]
+
+Replays the trace through the simulated fleet with every policy at every knob setting (the real
+planner core among them), prints SLA attainment, GPU-hours, goodput per GPU-hour and scaling actions,
+the GPU-hours each policy needs for the target attainment, and writes a timeline and a cost–attainment
+PNG. A ServeGen rate series runs on the fluid fleet model; request traces run request by request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from fleetpilot.api import v1alpha1 as api
+
+_DURATION = re.compile(r"^(?P<value>\d+(?:\.\d+)?)(?P<unit>ms|s)?$")
+
+
+def parse_sla(text: str) -> api.SlaTarget:
+    """`ttft=500ms,itl=50ms,p=90` → SlaTarget; a bare number is milliseconds."""
+    fields: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        key = key.strip().lower()
+        if key in ("ttft", "itl"):
+            match = _DURATION.match(value.strip())
+            if match is None:
+                raise argparse.ArgumentTypeError(f"--sla {key}={value!r}: write a duration like 500ms or 0.5s")
+            number = float(match["value"])
+            fields[key] = number * 1000 if match["unit"] == "s" else number
+        elif key in ("p", "percentile"):
+            fields["p"] = float(value)
+        else:
+            raise argparse.ArgumentTypeError(f"--sla: unknown field {key!r}; use ttft=, itl= and p=")
+    missing = {"ttft", "itl"} - set(fields)
+    if missing:
+        raise argparse.ArgumentTypeError(f"--sla needs {' and '.join(sorted(missing))}, e.g. ttft=500ms,itl=50ms,p=90")
+    try:
+        return api.SlaTarget(ttft_ms=fields["ttft"], itl_ms=fields["itl"], percentile=fields.get("p", 90.0))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--sla: {error}") from error
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("backtest")
+    group.add_argument("--trace", type=Path, help="Azure CSV, Mooncake JSONL or ServeGen rate series")
+    group.add_argument("--profile", help="profile JSON, or a Dynamo CSV pair's common prefix")
+    group.add_argument("--sla", type=parse_sla, default=None, help="e.g. ttft=500ms,itl=50ms,p=90")
+    group.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    group.add_argument("--interval", type=float, default=None,
+                       help="planning interval, s (default 60; 600 for a ServeGen series)")
+    group.add_argument("--predictors", default="constant,arima,kalman,prophet", help="comma-separated")
+    group.add_argument("--target", type=float, default=0.99, help="attainment the GPU-hours are compared at")
+    group.add_argument("--workers", type=int, default=1, help="processes, one policy at a time each")
+    group.add_argument("--out", type=Path, default=Path("backtest-results"), help="folder for the PNGs and report")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetpilot.planner import evaluate  # numpy, statsmodels, prophet: only when asked
+
+    if args.trace is None or args.profile is None or args.sla is None:
+        raise SystemExit("fleetpilot planner backtest: --trace, --profile and --sla are required")
+    profile = evaluate.load_profile(args.profile)
+    predictors = tuple(p.strip() for p in args.predictors.split(",") if p.strip())
+    unknown = set(predictors) - set(evaluate.PREDICTORS)
+    if unknown:
+        raise SystemExit(f"fleetpilot planner backtest: unknown predictor(s) {', '.join(sorted(unknown))}; "
+                         f"choose from {', '.join(evaluate.PREDICTORS)}")
+    servegen = "servegen" in args.trace.name or args.trace.name.startswith("aggregate_rate")
+    if servegen:
+        scenario = evaluate.scenario_from_servegen(
+            args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
+            interval_s=args.interval or 600.0, startup_s=args.startup_seconds)
+    else:
+        scenario = evaluate.scenario_from_trace(
+            args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
+            interval_s=args.interval or 60.0, startup_s=args.startup_seconds)
+    print(f"{scenario.description}; {scenario.fidelity} fleet model", flush=True)
+    done = evaluate.run_all(scenario, predictors=predictors, workers=args.workers, progress=_progress)
+    summary = evaluate.summarise(done, args.target)
+    _print_table(done, summary, args.target)
+    args.out.mkdir(parents=True, exist_ok=True)
+    best = evaluate.best_fleetpilot(summary) or f"fleetpilot-{predictors[0]}"
+    chosen = summary[best].cheapest_at_target or max(done[best].results, key=lambda r: r.attainment)
+    evaluate.plot_timeline(chosen, scenario, args.out / "timeline.png", title=f"{scenario.name}: {best}")
+    evaluate.plot_curves(scenario, done, args.out / "curves.png", target=args.target)
+    report = evaluate.markdown_section(scenario, done, target=args.target,
+                                       png={"timeline": "timeline.png", "cost vs attainment": "curves.png"})
+    (args.out / "backtest.md").write_text(report)
+    print(f"wrote {args.out / 'backtest.md'}, timeline.png, curves.png")
+    return 0
+
+
+def _progress(group: Any) -> None:
+    print(f"  {group.name:22} {len(group.results)} runs, {group.seconds_per_run:.2f} s/run", flush=True)
+
+
+def _print_table(done: Any, summary: Any, target: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"GPU-hours at {target:.0%} SLA attainment, and each policy's sweep")
+    for column in ("policy", f"GPU-h @ {target:.0%}", "best attainment", "knob", "GPU-h", "attainment",
+                   "goodput/GPU-h", "actions"):
+        table.add_column(column, justify="left" if column in ("policy",) else "right")
+    for name, group in done.items():
+        at = summary[name].gpu_hours_at_target
+        for i, r in enumerate(group.results):
+            table.add_row(name if i == 0 else "", ("—" if at is None else f"{at:.2f}") if i == 0 else "",
+                          f"{summary[name].best_attainment:.1%}" if i == 0 else "", f"{r.knob:g}",
+                          f"{r.gpu_hours:.2f}", f"{r.attainment:.1%}", f"{r.goodput_per_gpu_hour:,.0f}", str(r.actions))
+    Console().print(table)
