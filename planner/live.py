@@ -45,6 +45,11 @@ FORECAST_ERROR = Gauge("fleetpilot_planner_forecast_error_ratio", "|forecast - o
                        ["namespace", "graph"])
 HOLDING = Gauge("fleetpilot_planner_holding", "1 while the planner holds replicas for lack of data.",
                 ["namespace", "graph"])
+GPUS = Gauge("fleetpilot_planner_gpus", "GPUs the decided replicas use.", ["namespace", "graph"])
+WANTED_GPUS = Gauge("fleetpilot_planner_wanted_gpus", "GPUs the decision would use with no budget.",
+                    ["namespace", "graph"])
+GPU_BUDGET = Gauge("fleetpilot_planner_gpu_budget", "GPU cap applied this interval (own gpuBudget or budget share).",
+                   ["namespace", "graph"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
 LEADER = Gauge("fleetpilot_planner_leader",
                 "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
@@ -213,7 +218,7 @@ class LivePlanner:
             plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
         if not self.may_act():
             return None
-        self._export(namespace, name, plan)
+        self._export(namespace, name, plan, config)
         logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
 
         changed = {pool: n for pool, n in plan.replicas.items() if n != current.get(pool)}
@@ -233,8 +238,13 @@ class LivePlanner:
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}")
         return plan
 
-    def _export(self, namespace: str, name: str, plan: core.Plan) -> None:
+    def _export(self, namespace: str, name: str, plan: core.Plan, config: core.GraphPlanConfig) -> None:
         HOLDING.labels(namespace, name).set(0 if plan.data_ok else 1)
+        GPUS.labels(namespace, name).set(sum(n * config.gpus_per_replica[p] for p, n in plan.replicas.items()))
+        if plan.wanted_gpus is not None:
+            WANTED_GPUS.labels(namespace, name).set(plan.wanted_gpus)
+        if config.gpu_budget is not None:
+            GPU_BUDGET.labels(namespace, name).set(config.gpu_budget)
         if plan.observed.rate_rps is not None:
             OBSERVED_RATE.labels(namespace, name).set(plan.observed.rate_rps)
         if plan.predicted is not None:

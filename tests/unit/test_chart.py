@@ -43,15 +43,8 @@ DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 RELEASE, NAMESPACE = "fleetpilot", "fleetpilot-system"
 MONITORING = "monitoring.coreos.com/v1"
 
-# The flags of Lease-based leader election (fleetpilot/leader.py), in the chart before every
-# command knows them: until then they are the only arguments the CLI may not recognise.
+# The flags of Lease-based leader election (fleetpilot/leader.py).
 LEADER_FLAGS = {"--leader-elect", "--lease-name", "--lease-namespace"}
-
-# Planner gauges the GPU budget alert and the "GPUs used vs budget" panel read, which the planner does
-# not export yet (docs/decisions.md, "Packaging"). test_pending_metrics_are_still_pending fails once
-# the planner exports one: then drop it from here.
-PENDING_METRICS = {"fleetpilot_planner_gpus", "fleetpilot_planner_wanted_gpus", "fleetpilot_planner_gpu_budget"}
-
 
 # -- tools -------------------------------------------------------------------------------------------
 
@@ -208,7 +201,7 @@ def test_every_dashboard_and_rule_expression_queries_exported_metrics_only() -> 
     exported = exported_metrics()
     recorded = {name for name, _ in rule_expressions() if ":" in name}  # the rules' own recordings
     unknown = {(where, name) for where, expr in promql_expressions() for name in metric_names(expr)
-               if name not in exported | recorded | PENDING_METRICS}
+               if name not in exported | recorded}
     assert not unknown, f"expressions query metrics nothing exports: {sorted(unknown)}"
     # The variables' own queries too.
     for path in DASHBOARDS:
@@ -216,13 +209,6 @@ def test_every_dashboard_and_rule_expression_queries_exported_metrics_only() -> 
             if variable["type"] == "query":
                 inner = re.search(r"label_values\((.*),\s*\w+\)$", variable["definition"])
                 assert inner and metric_names(inner.group(1)) <= exported, (path.name, variable["name"])
-
-
-def test_pending_metrics_are_still_pending() -> None:
-    """Once the planner exports one of these, take it off PENDING_METRICS (and this keeps the list honest)."""
-    assert not PENDING_METRICS & exported_metrics()
-    used = {name for _, expr in promql_expressions() for name in metric_names(expr)}
-    assert used >= PENDING_METRICS
 
 
 def test_promql_expressions_are_concrete() -> None:
@@ -360,7 +346,8 @@ def test_commands_are_the_fleetpilot_cli_the_image_runs() -> None:
         main = container(docs, component)
         assert main["command"] == ["fleetpilot"]
         args, unknown = parser.parse_known_args(main["args"])
-        assert {arg.split("=")[0] for arg in unknown} <= LEADER_FLAGS, unknown
+        assert not unknown, unknown  # every argument the chart passes is one the command knows
+        assert args.leader_elect
         assert args.namespace == ["serving", "batch"]
         assert args.metrics_port == {"operator": 8080, "planner": 8081}[component]
         assert main["ports"] == [{"name": "metrics", "containerPort": args.metrics_port, "protocol": "TCP"}]
