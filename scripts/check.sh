@@ -12,7 +12,7 @@ export PATH="$CACHE/venv/bin:$PATH"
 cd "$repo"
 
 fleetpilot crds --check
-ruff check fleetpilot operator planner tests benchmarks scripts
+ruff check fleetpilot operator planner tests benchmarks scripts e2e
 
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT

@@ -17,9 +17,15 @@ echo "== tests"
 set +e
 pytest tests -p no:cacheprovider "$@"
 status=$?
+echo "== e2e: the closed loop (cluster e2e, Prometheus, operator, planner, simulated fleet)"
+pytest e2e -p no:cacheprovider
+e2e_status=$?
 set -e
-if [[ $status -eq 5 ]]; then
-  echo "test.sh: pytest collected no tests; that is a failure" >&2
-  exit 1
-fi
-exit $status
+for code in $status $e2e_status; do
+  if [[ $code -eq 5 ]]; then
+    echo "test.sh: pytest collected no tests; that is a failure" >&2
+    exit 1
+  fi
+done
+(( status == 0 )) || exit $status
+exit $e2e_status

@@ -6,7 +6,9 @@ scripts/install-k8s.sh) and kwok (node heartbeats, pod status) run as local proc
 those. Scheduling, GPU capacity, owner references and garbage collection are Kubernetes' own.
 
 Nothing here runs pods' containers: pods on the simulated nodes are marked Running with a
-loopback pod IP from the pod CIDR, which is all the operator's tests need.
+loopback pod IP from the pod CIDR, which is all the operator's tests need. A cluster may leave some
+pods to an external pod runner instead (`ClusterConfig.external_pod_labels`; the e2e harness runs
+the simulator's pods as local processes): kwok's pod stages then skip those pods.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class ClusterConfig:
     gpus_per_node: int = 8
     gpu_product: str = "NVIDIA-H200"
     state_root: Path = field(default_factory=lambda: CACHE / "clusters")
+    #: Pods carrying any of these (label, value) pairs are left to an external pod runner: kwok
+    #: neither marks them Running nor deletes them. Empty (the default): kwok drives every pod.
+    external_pod_labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -290,8 +295,25 @@ class Cluster:
             "--node-ip=127.0.0.1",
             "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{self.ports()['kwok']}",
-            *(f"--config={stage}" for stage in kwok_stages()),
+            *(f"--config={stage}" for stage in self._kwok_stage_files()),
         ])
+
+    def _kwok_stage_files(self) -> list[Path]:
+        """kwok's stages, or copies whose pod stages skip the pods an external runner owns."""
+        if not self.config.external_pod_labels:
+            return kwok_stages()
+        folder = self.folder / "kwok-stages"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        written = []
+        for source in kwok_stages():
+            stage = yaml.safe_load(source.read_text())
+            if stage.get("spec", {}).get("resourceRef", {}).get("kind") == "Pod":
+                stage = narrow_pod_stage(stage, self.config.external_pod_labels)
+            target = folder / source.name
+            target.write_text(yaml.safe_dump(stage, sort_keys=False))
+            written.append(target)
+        return written
 
     # -- cluster objects ---------------------------------------------------------------------------
 
@@ -373,6 +395,19 @@ class Cluster:
         )
 
 
+def narrow_pod_stage(stage: dict[str, Any], skip: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """A copy of a kwok pod stage that no longer selects pods carrying any of the `skip` labels.
+
+    kwok's selector keys are jq queries on the object; `NotIn` also matches a pod without the label.
+    """
+    narrowed: dict[str, Any] = yaml.safe_load(yaml.safe_dump(stage))
+    selector = narrowed.setdefault("spec", {}).setdefault("selector", {})
+    expressions = selector.setdefault("matchExpressions", [])
+    for label, value in skip:
+        expressions.append({"key": f'.metadata.labels["{label}"]', "operator": "NotIn", "values": [value]})
+    return narrowed
+
+
 def _http_ok(url: str) -> bool:
     try:
         return httpx.get(url, timeout=2.0).status_code == 200
@@ -407,10 +442,17 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 # -- CLI ---------------------------------------------------------------------------------------------
 
+DEFAULT_PORT_BASES = {"dev": 26400, "e2e": 29400}  # any other name (the tests' `test`): 27400
+
+
 def config_from_env(name: str | None = None) -> ClusterConfig:
-    """The dev cluster by default; FLEETPILOT_CLUSTER / _PORT_BASE pick another (tests use `test`)."""
+    """The dev cluster by default; FLEETPILOT_CLUSTER / _PORT_BASE pick another (tests use `test`).
+
+    `dev`, `e2e` and every other name (`test`) have their own default port bases, so the three can
+    run side by side.
+    """
     name = name or os.environ.get("FLEETPILOT_CLUSTER", "dev")
-    default_base = 26400 if name == "dev" else 27400
+    default_base = DEFAULT_PORT_BASES.get(name, 27400)
     return ClusterConfig(name=name, port_base=int(os.environ.get("FLEETPILOT_CLUSTER_PORT_BASE", default_base)))
 
 

@@ -1,0 +1,57 @@
+"""The scenarios' load: fleetpilot's replay client sending a trace, with wall-clock anchors.
+
+Where it sits: a child process of a scenario (so the client's event loop never shares a core's
+time slice with the test's own polling). It is `fleetpilot replay` minus the terminal UI, plus what
+a timeline needs: the Unix time at which the replay's clock started, so each request's send time
+and latency can be laid next to the replicas the planner chose at that moment.
+
+Run: `python e2e/loadgen.py --trace FILE --url URL --model NAME --out report.json [trace options]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from fleetpilot.replay import client, report, traces
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", type=Path, required=True)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--trace-model", default="m-large", help="which series of a ServeGen-format file")
+    parser.add_argument("--isl", type=float, default=1024)
+    parser.add_argument("--osl", type=float, default=256)
+    parser.add_argument("--length-sigma", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sla", default="ttft=1000ms,itl=75ms")
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+
+    synthesis = traces.Synthesis(
+        model=args.trace_model,
+        input_length=traces.LengthDistribution(mean=args.isl, sigma=args.length_sigma, maximum=8192),
+        output_length=traces.LengthDistribution(mean=args.osl, sigma=args.length_sigma, maximum=2048),
+    )
+    requests = traces.load(args.trace, shape=traces.Shape(seed=args.seed), synthesis=synthesis)
+    started_unix = time.time()
+    results = asyncio.run(client.replay(requests, url=args.url, model=args.model, timeout_s=args.timeout))
+    summary = report.summarise(results, report.parse_sla(args.sla))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "trace": str(args.trace), "url": args.url, "model": args.model, "started_unix": started_unix,
+        "requests_planned": len(requests), "summary": report.summary_dict(summary),
+        "requests": [report.result_dict(r) for r in sorted(results, key=lambda r: r.index)],
+    }, indent=1) + "\n")
+    return 0 if summary.ok > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""What the closed-loop scenarios run: the graph, its capacity profile, the load, and the timeline.
+
+Where it sits: between `harness.py` (the environment) and the tests (`test_closed_loop.py`,
+`run.py`). Everything the backtest of the same run needs is here as plain data: `ClosedLoop`
+(graph, SLA, engine speed, trace shape, planner timings), `write_trace` (the ServeGen-format rate
+series the replay client synthesises requests from) and `scaled_profile` (the capacity profile of
+the engine as it runs).
+
+**Why the engine runs slower than real time.** Two cores carry the whole fleet, so the offered load
+must stay at a few requests per second, yet the planner must need several replicas at the peak.
+The simulator's `--speedup` is the knob: at 0.1 a simulated H200 serves Llama-3.1-8B ten times
+slower than a real one (every latency ×10, every throughput ÷10), so about one request per second
+fills a prefill replica. The planner's capacity profile (a ConfigMap named by `profileRef`) is the
+performance model's profile for that preset, scaled the same way, and the SLA targets are wall-clock
+targets against it: the planner plans the fleet that actually runs.
+
+**The load.** A trapezoid — a quiet start, a steep ramp up, a plateau, a gradual ramp down, a quiet
+tail — written as a ServeGen-format rate series with one window per planning interval; the replay client draws
+Poisson arrivals inside each window and lognormal input/output lengths (means 1,024 and 256 tokens,
+σ 0.5), as `fleetpilot replay` does for ServeGen's real series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fleetpilot import perfmodel
+from fleetpilot.api import profile as profiles
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import capacity as capacities
+from fleetpilot.planner import sizing
+
+COMPONENTS = ("prefill", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClosedLoop:
+    """One scenario's parameters: the graph, the engine, the SLA, the load and the planner's timings."""
+
+    namespace: str = "e2e-closed-loop"
+    graph: str = "ramp"
+    served_model: str = "llama-8b"
+    preset: str = "llama-3.1-8b"
+    gpu: str = "h200-sxm"
+    speedup: float = 0.1
+    ttft_ms: int = 1000
+    itl_ms: int = 65
+    percentile: int = 90
+    interval_s: int = 10
+    startup_s: int = 10  # planner's forecast horizon: a pod is Ready about 5-10 s after it is asked for
+    hold_s: int = 20  # scale-down hold: two intervals, so the way down fits in the run
+    bounds: tuple[tuple[str, int, int], ...] = (("prefill", 1, 6), ("decode", 1, 4))
+    isl: int = 1024
+    osl: int = 256
+    length_sigma: float = 0.5
+    # (seconds, requests/s): linear between points, one window per interval. The way up is steep, so
+    # "when the load reached the level that needs more replicas" hardly depends on the latency
+    # corrections that move that level; the way down is gradual, one step at a time.
+    shape: tuple[tuple[float, float], ...] = (
+        (0, 0.3), (30, 0.3), (40, 2.4), (110, 2.4), (150, 0.3), (240, 0.3),
+    )
+    seed: int = 7
+
+    @property
+    def sla(self) -> str:
+        return f"ttft={self.ttft_ms}ms,itl={self.itl_ms}ms"
+
+    def bound(self, component: str) -> tuple[int, int]:
+        return next((low, high) for name, low, high in self.bounds if name == component)
+
+    def rate_at(self, t: float) -> float:
+        """The trace's offered rate at `t` seconds (piecewise linear through `shape`)."""
+        points = self.shape
+        if t <= points[0][0]:
+            return points[0][1]
+        for (t0, r0), (t1, r1) in itertools.pairwise(points):
+            if t0 <= t <= t1:
+                return r0 + (r1 - r0) * (t - t0) / (t1 - t0) if t1 > t0 else r1
+        return points[-1][1]
+
+    @property
+    def duration_s(self) -> float:
+        return self.shape[-1][0]
+
+    def windows(self) -> Iterator[tuple[float, float]]:
+        """(start, mean rate) of each interval-long window of the trace."""
+        start = 0.0
+        while start < self.duration_s:
+            middle = start + self.interval_s / 2
+            yield start, self.rate_at(middle)
+            start += self.interval_s
+
+    # -- objects -------------------------------------------------------------------------------------------
+
+    def graph_manifest(self, *, mode: str = "sla") -> dict[str, Any]:
+        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu, "--speedup", f"{self.speedup:g}"]
+        components: dict[str, Any] = {"frontend": {"replicas": 1, "router": {"policy": "least-loaded"}}}
+        for name, low, high in self.bounds:
+            components[name] = {"replicas": low, "gpus": 1, "scaling": {"min": low, "max": high}}
+        # A decode pod drains its streams on SIGTERM; give it longer than the longest generation.
+        components["decode"]["args"] = ["--shutdown-timeout", "110"]
+        return {
+            "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+            "metadata": {"name": self.graph, "namespace": self.namespace},
+            "spec": {
+                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": self.served_model},
+                "engine": {"framework": "simulator", "args": worker_args},
+                "components": components,
+                "planner": {"mode": mode, "predictor": "constant", "intervalSeconds": self.interval_s,
+                            "sla": {"ttftMs": self.ttft_ms, "itlMs": self.itl_ms, "percentile": self.percentile},
+                            "profileRef": {"configMap": f"{self.graph}-profile"}},
+            },
+        }
+
+    def profile(self) -> profiles.Profile:
+        return scaled_profile(self.preset, self.gpu, self.speedup)
+
+    def profile_config_map(self) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": f"{self.graph}-profile", "namespace": self.namespace},
+                "data": {"profile.json": self.profile().model_dump_json()}}
+
+    # -- what the planner should do ------------------------------------------------------------------------
+
+    def needed(self, rate_rps: float) -> dict[str, int]:
+        """Replicas the planner's own sizing asks for at a steady `rate_rps` (no latency correction)."""
+        model = capacities.CapacityModel(self.profile())
+        load = sizing.Load(rate_rps=max(rate_rps, 1e-6), isl=self.isl, osl=self.osl)
+        target = api.SlaTarget(ttft_ms=self.ttft_ms, itl_ms=self.itl_ms, percentile=self.percentile)
+        desired = sizing.size(load, model, target, sizing.Corrections(), headroom=0.1)
+        return {c: desired.replicas[c] for c in COMPONENTS}
+
+    def threshold_rps(self, component: str) -> float:
+        """The lowest rate at which sizing wants more than the minimum of `component`."""
+        low, high = 0.01, 50.0
+        floor = self.bound(component)[0]
+        for _ in range(40):
+            middle = (low + high) / 2
+            if self.needed(middle)[component] > floor:
+                high = middle
+            else:
+                low = middle
+        return high
+
+    def first_time_at_or_above(self, rate_rps: float) -> float | None:
+        """When the trace's rate first reaches `rate_rps` (seconds from its start), if ever."""
+        t = 0.0
+        while t <= self.duration_s:
+            if self.rate_at(t) >= rate_rps:
+                return t
+            t += 0.25
+        return None
+
+    def last_time_at_or_above(self, rate_rps: float) -> float | None:
+        t = self.duration_s
+        while t >= 0:
+            if self.rate_at(t) >= rate_rps:
+                return t
+            t -= 0.25
+        return None
+
+
+def scaled_profile(preset: str, gpu: str, speedup: float) -> profiles.Profile:
+    """The performance model's profile of (preset, gpu), for an engine running `speedup` × real time.
+
+    The same grid as the planner's built-in simulator profile; every duration is divided by the
+    speedup and every throughput multiplied by it, since that is what the wall clock sees.
+    """
+    model = perfmodel.PerformanceModel(perfmodel.MODELS[preset], perfmodel.GPUS[gpu])
+    base = profiles.from_performance_model(
+        model, isls=[128, 512, 1024, 2048, 4096, 8192, 16384], contexts=[512, 1024, 2048, 4096, 8192, 16384],
+        concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")
+    document = base.model_dump()
+    for point in document["prefill"]:
+        point["ttft_ms"] /= speedup
+        point["tokens_per_s_per_gpu"] *= speedup
+    for point in document["decode"]:
+        point["itl_ms"] /= speedup
+        point["tokens_per_s_per_gpu"] *= speedup
+    document["source"] = f"fleetpilot performance model, {preset} on {gpu}, simulator --speedup {speedup:g}"
+    return profiles.Profile.model_validate(document)
+
+
+def write_trace(scenario: ClosedLoop, path: Path) -> Path:
+    """The load as a ServeGen-format rate series (`model,t_start_s,total_rate_rps,active_clients`)."""
+    lines = ["model,t_start_s,total_rate_rps,active_clients"]
+    lines += [f"e2e-ramp,{start:g},{rate:.4f},1" for start, rate in scenario.windows()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# -- the timeline -------------------------------------------------------------------------------------------
+
+
+class Sampler:
+    """Samples the graph's components and planner status every `every_s` in a thread (admin identity)."""
+
+    def __init__(self, *, server: str, pki: Path, scenario: ClosedLoop, every_s: float = 2.0) -> None:
+        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        self.http = httpx.Client(base_url=server, verify=tls, timeout=5.0)
+        self.scenario = scenario
+        self.every_s = every_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.http.close()
+
+    def sample(self) -> dict[str, Any]:
+        s = self.scenario
+        base = f"/apis/{api.API_VERSION}/namespaces/{s.namespace}"
+        graph = self.http.get(f"{base}/dynamographs/{s.graph}").json()
+        row: dict[str, Any] = {"t_unix": time.time()}
+        for component in COMPONENTS:
+            dgc = self.http.get(f"{base}/dynamographcomponents/{s.graph}-{component}")
+            body = dgc.json() if dgc.status_code == 200 else {}
+            row[f"{component}_desired"] = body.get("spec", {}).get("replicas")
+            row[f"{component}_ready"] = body.get("status", {}).get("readyReplicas")
+        pods = self.http.get("/api/v1/pods", params={"labelSelector": f"fleetpilot.dev/graph={s.graph}"}).json()
+        row["pods_pending"] = sum(1 for p in pods.get("items", []) if p.get("status", {}).get("phase") == "Pending")
+        status = graph.get("status", {})
+        planner = status.get("planner", {})
+        row["planner_summary"] = planner.get("summary")
+        row["planner_observed_rps"] = planner.get("observedRateRps")
+        row["planner_decision_time"] = planner.get("lastDecisionTime")
+        for condition in status.get("conditions", []):
+            if condition["type"] in ("PlannerActive", "Degraded"):
+                row[condition["type"]] = {k: condition.get(k) for k in ("status", "reason", "message")}
+        return row
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(self.sample())
+            except (httpx.HTTPError, ValueError):
+                pass
+            self._stop.wait(self.every_s)
+
+
+def sustained_crossing(send_times: list[float], threshold_rps: float, *, window_s: float,
+                       step_s: float = 0.5) -> float | None:
+    """When the offered load, as a trailing `window_s` mean of the actual sends, reached `threshold_rps`
+    and stayed there for a whole window (what `rate(...[window])` in Prometheus shows, minus its blips)."""
+    times = sorted(send_times)
+    if not times:
+        return None
+    end = times[-1]
+
+    def mean(t: float) -> float:
+        return sum(1 for x in times if t - window_s < x <= t) / window_s
+
+    t = 0.0
+    while t <= end:
+        if mean(t) >= threshold_rps and all(mean(t + k * step_s) >= threshold_rps
+                                            for k in range(1, int(window_s / step_s) + 1)):
+            return t
+        t += step_s
+    return None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, math.ceil(q / 100 * len(ordered)) - 1)
+    return ordered[rank]
+
+
+def timeline(scenario: ClosedLoop, samples: list[dict[str, Any]], load: dict[str, Any], *,
+             t0_unix: float) -> list[dict[str, Any]]:
+    """One row per interval: offered load, replicas at the interval's end, client latency percentiles."""
+    requests = load["requests"]
+    start = load["started_unix"] - t0_unix
+    rows = []
+    end = max([s["t_unix"] - t0_unix for s in samples] + [start + scenario.duration_s])
+    t = 0.0
+    while t < end:
+        window = [r for r in requests if r["start_ms"] is not None
+                  and t <= start + r["start_ms"] / 1000 < t + scenario.interval_s]
+        ok = [r for r in window if r["status"] == "ok"]
+        inside = [x for x in samples if t <= x["t_unix"] - t0_unix < t + scenario.interval_s]
+        last = inside[-1] if inside else {}
+        row: dict[str, Any] = {
+            "t_s": round(t, 1),
+            "offered_rps": round(len(window) / scenario.interval_s, 3),
+            "trace_rps": round(scenario.rate_at(t + scenario.interval_s / 2 - start), 3),
+            "errors": sum(1 for r in window if r["status"] == "error"),
+            "ttft_p50_ms": percentile([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None], 50),
+            "ttft_p90_ms": percentile([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None], 90),
+            "itl_p50_ms": percentile([r["itl_ms"] for r in ok if r["itl_ms"] is not None], 50),
+            "itl_p90_ms": percentile([r["itl_ms"] for r in ok if r["itl_ms"] is not None], 90),
+        }
+        for component in COMPONENTS:
+            row[f"{component}_desired"] = last.get(f"{component}_desired")
+            row[f"{component}_ready"] = last.get(f"{component}_ready")
+        row["planner_active"] = (last.get("PlannerActive") or {}).get("reason")
+        rows.append(row)
+        t += scenario.interval_s
+    return rows
+
+
+def write_results(name: str, folder: Path, *, scenario: ClosedLoop, rows: list[dict[str, Any]],
+                  summary: dict[str, Any], extra: dict[str, Any], marks: dict[str, float] | None = None) -> Path:
+    """`<name>.json` and `<name>.png` (the timeline) under `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    document = {"scenario": dataclasses.asdict(scenario), "summary": summary, "timeline": rows, **extra}
+    (folder / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    plot(rows, folder / f"{name}.png", scenario=scenario, title=name, marks=marks or {})
+    return folder / f"{name}.json"
+
+
+def plot(rows: list[dict[str, Any]], path: Path, *, scenario: ClosedLoop, title: str,
+         marks: dict[str, float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [r["t_s"] for r in rows]
+    figure, (load_ax, replica_ax, ttft_ax, itl_ax) = plt.subplots(4, 1, sharex=True, figsize=(10, 11))
+    load_ax.step(t, [r["offered_rps"] for r in rows], where="post", label="offered (client)")
+    load_ax.plot(t, [r["trace_rps"] for r in rows], "--", label="trace")
+    load_ax.set_ylabel("requests/s")
+    for component, colour in zip(COMPONENTS, ("tab:blue", "tab:orange"), strict=True):
+        replica_ax.step(t, [r[f"{component}_desired"] or 0 for r in rows], where="post", color=colour,
+                        label=f"{component} desired")
+        replica_ax.step(t, [r[f"{component}_ready"] or 0 for r in rows], where="post", color=colour,
+                        linestyle=":", label=f"{component} ready")
+    replica_ax.set_ylabel("replicas")
+    for axis, key, target in ((ttft_ax, "ttft", scenario.ttft_ms), (itl_ax, "itl", scenario.itl_ms)):
+        axis.plot(t, [r[f"{key}_p50_ms"] for r in rows], label="p50")
+        axis.plot(t, [r[f"{key}_p90_ms"] for r in rows], label="p90")
+        axis.axhline(target, color="red", linestyle="--", label="target")
+        axis.set_ylabel(f"client {key.upper()} ms")
+    itl_ax.set_xlabel("seconds")
+    for axis in (load_ax, replica_ax, ttft_ax, itl_ax):
+        for label, when in marks.items():
+            axis.axvline(when, color="grey", linestyle="-.", linewidth=0.8)
+            if axis is load_ax:
+                axis.annotate(label, (when, 0), rotation=90, fontsize=7, va="bottom")
+        axis.legend(fontsize=7, loc="upper right")
+        axis.grid(alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+# -- what the backtest predicts for the same run --------------------------------------------------------------
+
+
+def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
+    """The share of requests within the SLA that the backtest predicts for this run.
+
+    The same requests (the load generator's synthesis of `trace`) through the per-request fleet
+    simulator with the planner core in the loop, in the engine's simulated time: the engine runs at
+    `speedup` × real time, so arrivals, SLA targets, interval, startup and hold are all multiplied by
+    it, and the planner sizes from the unscaled performance-model profile.
+    """
+    from fleetpilot.planner import backtest, fleetsim, policies, predict
+    from fleetpilot.replay import traces
+
+    synthesis = traces.Synthesis(
+        model="e2e-ramp",
+        input_length=traces.LengthDistribution(mean=scenario.isl, sigma=scenario.length_sigma, maximum=8192),
+        output_length=traces.LengthDistribution(mean=scenario.osl, sigma=scenario.length_sigma, maximum=2048),
+    )
+    requests = traces.load(trace, shape=traces.Shape(seed=scenario.seed), synthesis=synthesis)
+    k = scenario.speedup
+    simulated = traces.time_scale(requests, 1 / k)  # arrival × speedup
+    sla = api.SlaTarget(ttft_ms=scenario.ttft_ms * k, itl_ms=scenario.itl_ms * k, percentile=scenario.percentile)
+    model = perfmodel.PerformanceModel(perfmodel.MODELS[scenario.preset], perfmodel.GPUS[scenario.gpu])
+    unscaled = scaled_profile(scenario.preset, scenario.gpu, 1.0)
+    bounds = {name: (low, high) for name, low, high in scenario.bounds}
+    setting = policies.Setting(capacity=capacities.CapacityModel(unscaled), sla=sla,
+                               interval_s=scenario.interval_s * k, startup_s=scenario.startup_s * k,
+                               bounds={"prefill": bounds["prefill"], "decode": bounds["decode"]})
+    start = {"prefill": bounds["prefill"][0], "decode": bounds["decode"][0]}
+    policy = policies.Fleetpilot(setting, predict.make_predictor("constant"), predictor_name="constant",
+                                 headroom=0.1, initial=start, hold_s=scenario.hold_s * k)
+    fleet = backtest.RequestFleet(fleetsim.FleetConfig(timing=model, startup_s=scenario.startup_s * k),
+                                  simulated, start)
+    result = backtest.run(fleet, policy, duration_s=scenario.duration_s * k, interval_s=scenario.interval_s * k,
+                          sla=sla)
+    return result.good / max(result.requests, 1)

@@ -1,0 +1,191 @@
+"""The closed loop, end to end: a trace ramps up and down and the planner follows it from Prometheus.
+
+Real parts throughout (harness.py): the control plane schedules the graph's pods onto simulated GPU
+nodes, the pod runner runs them as processes on loopback pod IPs, Prometheus discovers and scrapes
+them, the planner sizes the fleet from what Prometheus sees and writes the components' /scale, the
+operator rolls the Deployments, and the replay client measures what a user would. Each test writes
+its timeline to e2e/results/<name>.json and .png.
+
+The only wall-clock bounds asserted are the issue's own: a scale-up within two planning intervals
+of the load reaching the level that needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import harness as harness_mod
+import scenario as scenario_mod
+from conftest import Graph, start_load, wait_load
+
+COMPONENTS = scenario_mod.COMPONENTS
+SAMPLE_S = 2.0
+TOTAL_GPUS = 32
+
+
+def _run(graph: Graph, load_trace: Path, report_path: Path, *, during: Any = None) -> dict[str, Any]:
+    """Run the load against the graph while sampling; returns samples, the load report and anchors."""
+    s = graph.scenario
+    environment = graph.harness
+    url = graph.wait_ready()
+    sampler = scenario_mod.Sampler(server=environment.config.server, pki=environment.config.folder / "pki",
+                                   scenario=s, every_s=SAMPLE_S)
+    t0 = time.time()
+    sampler.start()
+    load = start_load(s, url=url, trace=load_trace, out=report_path)
+    try:
+        if during is not None:
+            during(t0, sampler)
+        wait_load(load, timeout=s.duration_s + 180)
+    finally:
+        if load.poll() is None:
+            load.kill()
+        sampler.stop()
+    report = json.loads(report_path.read_text())
+    return {"samples": sampler.samples, "load": report, "t0": t0, "load_start": report["started_unix"] - t0}
+
+
+def _series(samples: list[dict[str, Any]], t0: float, key: str) -> list[tuple[float, Any]]:
+    return [(x["t_unix"] - t0, x.get(key)) for x in samples]
+
+
+def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, results: Path) -> None:
+    s = scenario_mod.ClosedLoop()
+    graph = Graph(harness, s)
+    graph.create()
+    try:
+        run = _run(graph, scenario_mod.write_trace(s, results / "closed_loop.trace.csv"),
+                   results / "closed_loop.load.json")
+        table = graph.kubectl.run("get", "dg", s.graph, "-n", s.namespace).stdout
+        final = graph.get()
+    finally:
+        graph.delete()
+    samples, load, t0, load_start = run["samples"], run["load"], run["t0"], run["load_start"]
+    rows = scenario_mod.timeline(s, samples, load, t0_unix=t0)
+
+    # When the offered load reached, and held for an interval, the level at which the planner's own
+    # sizing needs more than the minimum (the trace's Poisson arrivals wobble around its shape).
+    sends = [load_start + r["start_ms"] / 1000 for r in load["requests"] if r["start_ms"] is not None]
+    needs: dict[str, float] = {}
+    first_up: dict[str, float | None] = {}
+    relief: dict[str, float] = {}
+    for component in COMPONENTS:
+        threshold = s.threshold_rps(component)
+        reached = scenario_mod.sustained_crossing(sends, threshold, window_s=s.interval_s)
+        below = s.last_time_at_or_above(threshold)
+        assert reached is not None and below is not None, f"the load never needed more {component} replicas"
+        needs[component] = reached
+        relief[component] = load_start + below
+        low, _ = s.bound(component)
+        first_up[component] = next((t for t, n in _series(samples, t0, f"{component}_desired")
+                                    if n is not None and n > low), None)
+    peak = {c: max(n or 0 for _, n in _series(samples, t0, f"{c}_desired")) for c in COMPONENTS}
+    final_desired = {c: samples[-1][f"{c}_desired"] for c in COMPONENTS}
+    statuses = [r["status"] for r in load["requests"]]
+    summary = {
+        "requests": len(statuses), "ok": statuses.count("ok"), "errors": statuses.count("error"),
+        "cancelled": statuses.count("cancelled"),
+        "client_sla_attainment": load["summary"]["goodput_fraction"],
+        "backtest_sla_attainment": scenario_mod.backtest_goodput(s, results / "closed_loop.trace.csv"),
+        "needs_more_at_s": needs, "first_scale_up_at_s": first_up, "load_below_threshold_from_s": relief,
+        "peak_desired": peak, "final_desired": final_desired,
+        "kubectl_get_dg": table, "planner_status": final.get("status", {}).get("planner"),
+        "rbac": harness.rbac_source, "identity": harness.identity_kind,
+    }
+    marks = {f"{c} needed": needs[c] for c in COMPONENTS} | {"load start": load_start}
+    scenario_mod.write_results("closed_loop", results, scenario=s, rows=rows, summary=summary,
+                               extra={"samples": samples}, marks=marks)
+
+    # The backtest is honest about this run: what the client saw is no worse than it predicted, −5 points.
+    assert summary["client_sla_attainment"] >= summary["backtest_sla_attainment"] - 0.05, summary
+
+    # Scale-up: within two intervals of the load reaching the level that needs it (+ one sample).
+    for component in COMPONENTS:
+        bound = needs[component] + 2 * s.interval_s + SAMPLE_S
+        assert first_up[component] is not None, f"{component} never scaled up; timeline: {rows}"
+        assert first_up[component] <= bound, (
+            f"{component} scaled up at {first_up[component]:.0f}s, more than two intervals after the load"
+            f" reached it at {needs[component]:.0f}s")
+    # Scale-down after the ramp: below the peak by the end of the run.
+    for component in COMPONENTS:
+        assert final_desired[component] < peak[component], (
+            f"{component} did not come down from its peak {peak[component]}: {rows}")
+    # Never beyond the bounds or the GPUs the nodes have; never unschedulable.
+    for sample in samples:
+        for component in COMPONENTS:
+            low, high = s.bound(component)
+            assert sample[f"{component}_desired"] is None or low <= sample[f"{component}_desired"] <= high, sample
+        assert sum(sample[f"{c}_desired"] or 0 for c in COMPONENTS) <= TOTAL_GPUS, sample
+        assert (sample.get("Degraded") or {}).get("reason") != "Unschedulable", sample
+    # Drain works: no request failed, through every scale-down.
+    assert summary["errors"] == 0 and summary["cancelled"] == 0, load["summary"]["error_kinds"]
+    # `kubectl get dg` shows the planner's last decision.
+    planner = final["status"]["planner"]
+    assert planner["summary"] in table, (table, planner)
+
+
+def test_planner_holds_without_prometheus_and_resumes(harness: harness_mod.Harness, results: Path) -> None:
+    # Enough load for more than the minimum, then quiet: the quiet starts while Prometheus is down,
+    # so a planner that planned from nothing would scale down during the outage.
+    s = dataclasses.replace(scenario_mod.ClosedLoop(), namespace="e2e-outage", graph="outage",
+                            shape=((0, 2.0), (60, 2.0), (60.01, 0.3), (150, 0.3)))
+
+    def total(sample: dict[str, Any]) -> int:
+        return sum(sample[f"{c}_desired"] or 0 for c in COMPONENTS)
+
+    graph = Graph(harness, s)
+    graph.create()
+    outage: dict[str, float] = {}
+
+    def during(t0: float, sampler: scenario_mod.Sampler) -> None:
+        # Wait for a planned scale-up, then take Prometheus away for three intervals.
+        harness_mod.wait_for(lambda: sampler.samples and total(sampler.samples[-1]) > len(COMPONENTS),
+                             timeout=90, what=lambda: f"a scale-up before the outage; last: {sampler.samples[-1:]}")
+        outage["stopped"] = time.time() - t0
+        harness.stop_prometheus()
+        time.sleep(3 * s.interval_s)
+        outage["restarted"] = time.time() - t0
+        harness.start_prometheus()
+
+    try:
+        run = _run(graph, scenario_mod.write_trace(s, results / "prometheus_outage.trace.csv"),
+                   results / "prometheus_outage.load.json", during=during)
+    finally:
+        if not harness.processes["prometheus"].alive():
+            harness.start_prometheus()
+        graph.delete()
+    samples, load, t0 = run["samples"], run["load"], run["t0"]
+    rows = scenario_mod.timeline(s, samples, load, t0_unix=t0)
+    stopped, restarted = outage["stopped"], outage["restarted"]
+    during_outage = [x for x in samples if stopped <= x["t_unix"] - t0 <= restarted]
+    after = [x for x in samples if x["t_unix"] - t0 > restarted]
+    held = {(x["prefill_desired"], x["decode_desired"]) for x in during_outage}
+    reasons = [(x["t_unix"] - t0, (x.get("PlannerActive") or {})) for x in samples]
+    no_metrics = [(t, c) for t, c in reasons if stopped <= t and c.get("reason") == "NoMetrics"]
+    resumed = next((t for t, c in reasons if t > restarted and c.get("status") == "True"), None)
+    down_after = next((x["t_unix"] - t0 for x in after if total(x) < total(during_outage[-1])), None)
+    statuses = [r["status"] for r in load["requests"]]
+    summary = {
+        "requests": len(statuses), "ok": statuses.count("ok"), "errors": statuses.count("error"),
+        "prometheus_stopped_at_s": stopped, "prometheus_restarted_at_s": restarted,
+        "replicas_during_outage": sorted(held), "first_no_metrics": no_metrics[:1], "planning_resumed_at_s": resumed,
+        "first_scale_down_after_outage_at_s": down_after,
+    }
+    scenario_mod.write_results("prometheus_outage", results, scenario=s, rows=rows, summary=summary,
+                               extra={"samples": samples},
+                               marks={"prometheus stopped": stopped, "prometheus back": restarted})
+
+    assert len(held) == 1, f"replicas changed while Prometheus was down: {sorted(held)}"
+    assert no_metrics, f"PlannerActive never said NoMetrics during the outage: {reasons}"
+    condition = no_metrics[0][1]
+    assert condition["status"] == "False" and "Prometheus" in condition["message"], condition
+    assert no_metrics[0][0] <= stopped + 2 * s.interval_s + SAMPLE_S, "the condition took over two intervals"
+    assert resumed is not None and resumed <= restarted + 3 * s.interval_s, (
+        f"planning did not resume within three intervals of Prometheus' return: {reasons}")
+    # Planning really resumed: the quiet that began during the outage is now acted on.
+    assert down_after is not None, f"no scale-down after Prometheus returned: {rows}"
+    assert statuses.count("error") == 0, load["summary"]["error_kinds"]
