@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -119,7 +118,7 @@ class ManagedProcess:
     def stop(self, *, timeout: float = 20.0) -> None:
         pid = self.saved_pid()
         if pid is not None:
-            stop_group(pid, timeout=timeout)
+            devcluster.terminate_group(pid, timeout=timeout)
         if self.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=1)
@@ -142,26 +141,6 @@ class ManagedProcess:
             return self.log_path.read_text(errors="replace")[-tail:]
         except OSError:
             return ""
-
-
-def stop_group(pid: int, *, timeout: float) -> None:
-    """SIGTERM a process group, SIGKILL it after `timeout`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                return
-            if state == "Z":
-                return
-            time.sleep(0.1)
 
 
 class Harness:

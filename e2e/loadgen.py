@@ -20,6 +20,17 @@ from pathlib import Path
 from fleetpilot.replay import client, report, traces
 
 
+def load_requests(trace: Path, *, model: str, isl: float, osl: float, sigma: float, seed: int) -> list[traces.Request]:
+    """The requests the scenario sends: the trace's rate series with lognormal lengths (the backtest
+    of the same run reads them from here too)."""
+    synthesis = traces.Synthesis(
+        model=model,
+        input_length=traces.LengthDistribution(mean=isl, sigma=sigma, maximum=8192),
+        output_length=traces.LengthDistribution(mean=osl, sigma=sigma, maximum=2048),
+    )
+    return traces.load(trace, shape=traces.Shape(seed=seed), synthesis=synthesis)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, required=True)
@@ -35,12 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
 
-    synthesis = traces.Synthesis(
-        model=args.trace_model,
-        input_length=traces.LengthDistribution(mean=args.isl, sigma=args.length_sigma, maximum=8192),
-        output_length=traces.LengthDistribution(mean=args.osl, sigma=args.length_sigma, maximum=2048),
-    )
-    requests = traces.load(args.trace, shape=traces.Shape(seed=args.seed), synthesis=synthesis)
+    requests = load_requests(args.trace, model=args.trace_model, isl=args.isl, osl=args.osl,
+                             sigma=args.length_sigma, seed=args.seed)
     started_unix = time.time()
     results = asyncio.run(client.replay(requests, url=args.url, model=args.model, timeout_s=args.timeout))
     summary = report.summarise(results, report.parse_sla(args.sla))

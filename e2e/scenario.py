@@ -375,15 +375,13 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
     `speedup` × real time, so arrivals, SLA targets, interval, startup and hold are all multiplied by
     it, and the planner sizes from the unscaled performance-model profile.
     """
+    import loadgen  # e2e/ is on sys.path, as for every module here
+
     from fleetpilot.planner import backtest, fleetsim, policies, predict
     from fleetpilot.replay import traces
 
-    synthesis = traces.Synthesis(
-        model="e2e-ramp",
-        input_length=traces.LengthDistribution(mean=scenario.isl, sigma=scenario.length_sigma, maximum=8192),
-        output_length=traces.LengthDistribution(mean=scenario.osl, sigma=scenario.length_sigma, maximum=2048),
-    )
-    requests = traces.load(trace, shape=traces.Shape(seed=scenario.seed), synthesis=synthesis)
+    requests = loadgen.load_requests(trace, model="e2e-ramp", isl=scenario.isl, osl=scenario.osl,
+                                     sigma=scenario.length_sigma, seed=scenario.seed)
     k = scenario.speedup
     simulated = traces.time_scale(requests, 1 / k)  # arrival × speedup
     sla = api.SlaTarget(ttft_ms=scenario.ttft_ms * k, itl_ms=scenario.itl_ms * k, percentile=scenario.percentile)

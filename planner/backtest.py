@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -43,6 +43,10 @@ class FleetModel(Protocol):
     def finish(self) -> None: ...
 
     def gpu_seconds(self, until: float) -> float: ...
+
+    def failed(self) -> int:
+        """Requests that could never be served (after `finish`)."""
+        ...
 
     def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores: ...
 
@@ -94,6 +98,9 @@ class RequestFleet(fleetsim.FleetSimulator):
     def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores:
         return score_requests(self.outcomes(), window_s, sla, duration_s=duration_s)
 
+    def failed(self) -> int:
+        return sum(1 for record in self.records if record.failed)
+
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
@@ -126,7 +133,7 @@ class RunResult:
 
 
 def run(fleet: FleetModel, policy: policies.Policy, *, duration_s: float, interval_s: float,
-        sla: api.SlaTarget, window_s: float | None = None, requests: int | None = None) -> RunResult:
+        sla: api.SlaTarget, window_s: float | None = None) -> RunResult:
     """Drive `fleet` (built with `policy.initial()` replicas) for `duration_s`, deciding every interval."""
     rows: dict[str, list[float]] = {key: [] for key in ("time", "rate", "forecast", "ttft_p", "itl_p")}
     active: dict[FleetPool, list[int]] = {pool: [] for pool in FLEET_POOLS}
@@ -156,10 +163,10 @@ def run(fleet: FleetModel, policy: policies.Policy, *, duration_s: float, interv
     gpu_hours = fleet.gpu_seconds(steps * interval_s) / 3600.0
     fleet.finish()
     scores = fleet.sla_windows(window_s or interval_s, sla, duration_s=steps * interval_s)
-    total = int(scores.requests.sum()) if requests is None else requests
+    total = int(scores.requests.sum())
     return RunResult(
         policy=policy.name, knob=policy.knob, gpu_hours=gpu_hours, attainment=scores.attainment,
-        requests=total, good=int(scores.good.sum()), failed=total - _served(fleet, total), actions=actions,
+        requests=total, good=int(scores.good.sum()), failed=fleet.failed(), actions=actions,
         timeline=Timeline(
             time=np.array(rows["time"]), rate=np.array(rows["rate"]), forecast=np.array(rows["forecast"]),
             active={pool: np.array(v) for pool, v in active.items()},
@@ -167,12 +174,6 @@ def run(fleet: FleetModel, policy: policies.Policy, *, duration_s: float, interv
             ttft_p=np.array(rows["ttft_p"]), itl_p=np.array(rows["itl_p"]),
         ),
     )
-
-
-def _served(fleet: FleetModel, total: int) -> int:
-    if isinstance(fleet, fleetsim.FleetSimulator):
-        return int((~fleet.outcomes().failed).sum())
-    return total
 
 
 # -- the oracle's needs ------------------------------------------------------------------------------
@@ -270,21 +271,3 @@ def forecast_mape(rates: Sequence[float], predictor: predict.Predictor, *, horiz
         forecast = predictor.forecast(list(rates[:k + 1]), steps=horizon, step_seconds=interval_s)
         errors.append(abs(forecast.mean[horizon - 1] - actual) / actual)
     return float(np.mean(errors)) if errors else math.nan
-
-
-PolicyFactory = Callable[[float], policies.Policy]
-
-
-def sweep(make_fleet: Callable[[Mapping[FleetPool, int]], FleetModel], factories: Mapping[str, tuple[Sequence[float], PolicyFactory]],
-          *, duration_s: float, interval_s: float, sla: api.SlaTarget,
-          progress: Callable[[RunResult], None] | None = None) -> dict[str, list[RunResult]]:
-    """Every policy at every knob setting, each on a fresh fleet: the cost–attainment curves."""
-    curves: dict[str, list[RunResult]] = {}
-    for name, (knobs, factory) in factories.items():
-        for knob in knobs:
-            policy = factory(knob)
-            result = run(make_fleet(policy.initial()), policy, duration_s=duration_s, interval_s=interval_s, sla=sla)
-            curves.setdefault(name, []).append(result)
-            if progress is not None:
-                progress(result)
-    return curves

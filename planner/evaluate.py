@@ -150,7 +150,7 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
     if not windows:
         raise ValueError(f"{path}: no model {model!r}")
     windows.sort(key=lambda w: w.t_start_s)
-    length = windows[1].t_start_s - windows[0].t_start_s if len(windows) > 1 else traces.SERVEGEN_WINDOW_S
+    length = traces.window_length([w.t_start_s for w in windows])
     per = max(1, round(length / step_s))
     step_rates = np.repeat([w.rate_rps * rate_factor for w in windows], per)
     counts = fluid.poisson_counts(step_rates, step_s=step_s, seed=seed)
@@ -195,13 +195,15 @@ class GroupResult:
     mape: float | None = None  # fleetpilot groups: forecast error at the planner's horizon
 
 
-def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[float]] = KNOBS) -> GroupResult:
-    """Every knob setting of one policy on `scenario`."""
+def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[float]] = KNOBS,
+              needs: Sequence[Mapping[FleetPool, int]] | None = None) -> GroupResult:
+    """Every knob setting of one policy on `scenario`; `needs` are the oracle's at margin 1, if known."""
     setting = scenario.setting
+    exact_needs = list(needs) if needs is not None else scenario.needs(1.0)
     # Every dynamic policy takes over a fleet that was right for the start of the trace (the oracle's
     # first decision), as if it had been running before: the comparison is about following the load,
     # not about a cold start that every reactive policy would lose the same way.
-    start = policies.lookahead_targets(scenario.needs(1.0)[:scenario.horizon + 1], interval_s=setting.interval_s,
+    start = policies.lookahead_targets(exact_needs[:scenario.horizon + 1], interval_s=setting.interval_s,
                                        startup_s=setting.startup_s)[0]
     memo: policies.MemoPredictor | None = None
     factory: Callable[[float], policies.Policy]
@@ -227,7 +229,7 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
             return policies.Fleetpilot(setting, chosen, predictor_name=name, headroom=k, initial=start)
         values = knobs["fleetpilot"]
     elif group == "oracle":
-        margins: dict[float, list[dict[FleetPool, int]]] = {}
+        margins: dict[float, Sequence[Mapping[FleetPool, int]]] = {1.0: exact_needs}
         def factory(k: float) -> policies.Policy:
             margin = 1.0 + min(k, 0.0)
             if margin not in margins:
@@ -255,7 +257,7 @@ _SHARED: dict[str, Any] = {}
 
 def _run_shared(group: str) -> GroupResult:
     scenario: Scenario = _SHARED["scenario"]
-    return run_group(scenario, group, knobs=_SHARED["knobs"])
+    return run_group(scenario, group, knobs=_SHARED["knobs"], needs=_SHARED["needs"])
 
 
 def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, workers: int = 1,
@@ -263,14 +265,15 @@ def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, worke
             progress: Callable[[GroupResult], None] | None = None) -> dict[str, GroupResult]:
     """Every policy group on `scenario`, in `workers` processes (forked: the scenario is shared, not sent)."""
     names = groups(predictors)
+    needs = scenario.needs(1.0)  # once, for every group's starting fleet and the oracle
     done: dict[str, GroupResult] = {}
     if workers <= 1:
         for name in names:
-            done[name] = run_group(scenario, name, knobs=knobs)
+            done[name] = run_group(scenario, name, knobs=knobs, needs=needs)
             if progress:
                 progress(done[name])
         return done
-    _SHARED.update(scenario=scenario, knobs=knobs)
+    _SHARED.update(scenario=scenario, knobs=knobs, needs=needs)
     # The slowest groups (model-based forecasters) first, so the pool ends evenly.
     order = sorted(names, key=lambda n: n.startswith("fleetpilot-") and not n.endswith("constant"), reverse=True)
     context = multiprocessing.get_context("fork")

@@ -117,7 +117,6 @@ class _Replica:
         self.ready_at = ready_at
         self.stopped: float | None = None
         self.draining = False
-        self.busy_s = 0.0  # prefill: seconds computing, for the busy share
 
     def idle(self) -> bool:
         raise NotImplementedError
@@ -410,7 +409,6 @@ class FleetSimulator:
         context = max(0, (pairs2 - tokens * (tokens + 1)) // (2 * tokens)) if tokens else 0
         duration = self.timing.prefill_time(tokens, context)
         replica.stepping = True
-        replica.busy_s += duration
         self._busy_log.append((self.now + duration, duration))
         self._push(self.now + duration, _PREFILL_STEP, (replica, done))
 

@@ -122,6 +122,9 @@ class FluidFleet:
             replica.draining = True
             replica.stopped = self.now + self._lifetime_s()
 
+    def failed(self) -> int:
+        return 0  # a fluid has no request too large to serve: its sample is of served lengths
+
     def gpu_seconds(self, until: float) -> float:
         total = 0.0
         for pool in FLEET_POOLS:

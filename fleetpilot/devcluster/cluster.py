@@ -14,6 +14,7 @@ the simulator's pods as local processes): kwok's pod stages then skip those pods
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -155,7 +156,7 @@ class Cluster:
             pid = self._pid(name)
             if pid is None:
                 continue
-            _terminate(pid, timeout=10)
+            terminate_group(pid, timeout=10)
             (self.pids / f"{name}.pid").unlink(missing_ok=True)
             if not quiet:
                 print(f"stopped {name} (pid {pid})")
@@ -415,7 +416,7 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _terminate(pid: int, *, timeout: float) -> None:
+def terminate_group(pid: int, *, timeout: float) -> None:
     """SIGTERM the process group, then SIGKILL what is left after `timeout`."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -424,11 +425,13 @@ def _terminate(pid: int, *, timeout: float) -> None:
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            try:  # gone, or a zombie nobody reaps: either way it is stopped
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                return
+            if state == "Z":
                 return
             time.sleep(0.1)
 

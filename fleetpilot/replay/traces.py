@@ -221,7 +221,8 @@ def draw_lengths(rng: np.random.Generator, distribution: LengthDistribution, cou
     return np.clip(np.rint(values), 1, distribution.maximum).astype(np.int64)
 
 
-def _window_length(starts: Sequence[float]) -> float:
+def window_length(starts: Sequence[float]) -> float:
+    """The step of a ServeGen series: the median gap between window starts."""
     gaps = np.diff(np.asarray(starts, dtype=float))
     gaps = gaps[gaps > 0]
     return float(np.median(gaps)) if len(gaps) else SERVEGEN_WINDOW_S
@@ -241,7 +242,7 @@ def synthesise(windows: Sequence[RateWindow], *, synthesis: Synthesis, shape: Sh
     if not rows:
         models = sorted({w.model for w in windows})
         raise TraceError(f"no model {synthesis.model!r} in the rate series; it has {', '.join(models)}")
-    length = _window_length([w.t_start_s for w in rows])
+    length = window_length([w.t_start_s for w in rows])
     start = shape.start_s
     end = start + shape.duration_s if shape.duration_s is not None else math.inf
     spans = [(max(w.t_start_s, start), min(w.t_start_s + length, end), w.rate_rps) for w in rows]

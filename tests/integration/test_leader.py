@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import Kubectl, OperatorProcess, _free_port, condition, load_sample, wait_for
 from .test_operator import ready
-from .test_planner import MODEL, ContractExporter, PrometheusProcess
+from .test_planner import ContractExporter, PrometheusProcess, planned_graph
 
 pytestmark = pytest.mark.integration
 
@@ -202,17 +202,7 @@ def test_planner_only_the_leader_plans_and_the_standby_takes_over_within_15s(
                                    graph="planned")
     prometheus.start()
     try:
-        kubectl.apply({
-            "apiVersion": "fleetpilot.dev/v1alpha1", "kind": "DynamoGraph", "metadata": {"name": "planned"},
-            "spec": {
-                "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": MODEL},
-                "engine": {"framework": "simulator"},
-                "components": {"prefill": {"replicas": 1, "scaling": {"min": 1, "max": 8}},
-                               "decode": {"replicas": 1, "scaling": {"min": 1, "max": 8}}},
-                "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50, "percentile": 90},
-                            "predictor": "constant", "intervalSeconds": 10},
-            },
-        }, namespace)
+        kubectl.apply(planned_graph(10), namespace)
         pair = start_pair(replicas, kubectl, tmp_path, names=("planner-a", "planner-b"), args=[
             "planner", "run", "--prometheus-url", prometheus.url, "--namespace", namespace, "--startup-seconds", "10",
             "--leader-elect", "--lease-namespace", namespace])

@@ -114,13 +114,9 @@ def _ok(url: str) -> bool:
         return False
 
 
-@pytest.fixture
-def planned(kubectl: Kubectl, operator: OperatorProcess, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    exporter = ContractExporter()
-    prometheus = PrometheusProcess(tmp_path, target=f"127.0.0.1:{exporter.port}", namespace=namespace,
-                                   graph="planned")
-    prometheus.start()
-    kubectl.apply({
+def planned_graph(interval_s: int) -> dict[str, Any]:
+    """A simulator graph called `planned` with the planner in sla mode, one replica per pool to start."""
+    return {
         "apiVersion": "fleetpilot.dev/v1alpha1", "kind": "DynamoGraph", "metadata": {"name": "planned"},
         "spec": {
             "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": MODEL},
@@ -128,9 +124,18 @@ def planned(kubectl: Kubectl, operator: OperatorProcess, namespace: str, tmp_pat
             "components": {"prefill": {"replicas": 1, "scaling": {"min": 1, "max": 8}},
                            "decode": {"replicas": 1, "scaling": {"min": 1, "max": 8}}},
             "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50, "percentile": 90},
-                        "predictor": "constant", "intervalSeconds": INTERVAL_S},
+                        "predictor": "constant", "intervalSeconds": interval_s},
         },
-    }, namespace)
+    }
+
+
+@pytest.fixture
+def planned(kubectl: Kubectl, operator: OperatorProcess, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    exporter = ContractExporter()
+    prometheus = PrometheusProcess(tmp_path, target=f"127.0.0.1:{exporter.port}", namespace=namespace,
+                                   graph="planned")
+    prometheus.start()
+    kubectl.apply(planned_graph(INTERVAL_S), namespace)
     log = (tmp_path / "planner.log").open("wb")
     planner = subprocess.Popen(
         [str(Path(sys.executable).parent / "fleetpilot"), "planner", "run", "--prometheus-url", prometheus.url,
