@@ -7,7 +7,6 @@ requests go through one pooled `httpx.AsyncClient`, so a reconcile never blocks 
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import ssl
@@ -20,8 +19,10 @@ import httpx
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+import fleetpilot
+from fleetpilot.api import contract
+
 Manifest = dict[str, Any]
-FIELD_MANAGER = "fleetpilot-operator"
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,10 @@ def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuratio
 class KubeApi:
     """Async REST calls with the operator's identity and field manager."""
 
-    def __init__(self, configuration: k8s_client.Configuration | None = None, *, field_manager: str = FIELD_MANAGER):
+    def __init__(self, configuration: k8s_client.Configuration | None = None, *,
+                 field_manager: str = contract.OPERATOR) -> None:
         self._configuration = configuration or load_configuration()
+        # The field manager is also who we are: in the User-Agent, and so in the apiserver's audit log.
         self.field_manager = field_manager
         verify: ssl.SSLContext | bool = False
         if self._configuration.verify_ssl:
@@ -124,7 +127,8 @@ class KubeApi:
         await self._http.aclose()
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json",
+                   "User-Agent": f"{self.field_manager}/{fleetpilot.__version__}"}
         # get_api_key_with_prefix runs the refresh hook, so rotated in-cluster tokens are picked up. The
         # kubernetes package keeps a token under "BearerToken" (kubeconfig and in-cluster alike).
         token = self._configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
@@ -236,11 +240,11 @@ class KubeApi:
                 raise
 
     async def event(
-        self, regarding: Manifest, *, type_: str, reason: str, message: str, component: str = FIELD_MANAGER
+        self, regarding: Manifest, *, type_: str, reason: str, message: str, component: str | None = None
     ) -> None:
         """Record a core/v1 Event about an object (what `kubectl describe` shows)."""
         meta = regarding["metadata"]
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = contract.now_rfc3339()
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -253,7 +257,7 @@ class KubeApi:
             "type": type_,
             "reason": reason,
             "message": message[:1024],
-            "source": {"component": component},
+            "source": {"component": component or self.field_manager},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

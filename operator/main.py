@@ -26,7 +26,6 @@ from fleetpilot import kube, leader
 from fleetpilot.operator import metrics
 
 logger = logging.getLogger("fleetpilot.operator")
-LEASE_NAME = "fleetpilot-operator"
 
 
 def run(*, namespaces: list[str], workers: int, liveness: str | None, metrics_port: int,

@@ -15,12 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 
-LABEL_GRAPH = "fleetpilot.dev/graph"
-LABEL_COMPONENT = "fleetpilot.dev/component"
-LABEL_FRAMEWORK = "fleetpilot.dev/framework"
-MANAGED_BY = "fleetpilot-operator"
 HTTP_PORT = 8000
 NIXL_SIDE_CHANNEL_PORT = 5600
 SGLANG_BOOTSTRAP_PORT = 8998
@@ -57,23 +54,19 @@ class OwnerRef:
         }
 
 
-def child_name(graph: str, component: str) -> str:
-    return f"{graph}-{component}"
-
-
 def selector_labels(graph: str, component: str) -> dict[str, str]:
     """The immutable Deployment selector: graph and component only."""
-    return {LABEL_GRAPH: graph, LABEL_COMPONENT: component}
+    return {contract.LABEL_GRAPH: graph, contract.LABEL_COMPONENT: component}
 
 
 def component_labels(graph: api.DynamoGraph, component: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "fleetpilot-frontend" if component == "frontend" else f"fleetpilot-{graph.spec.engine.framework}",
-        "app.kubernetes.io/instance": graph.metadata.name,
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/part-of": "fleetpilot",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        LABEL_FRAMEWORK: graph.spec.engine.framework,
+        contract.LABEL_NAME: "fleetpilot-frontend" if component == "frontend" else f"fleetpilot-{graph.spec.engine.framework}",
+        contract.LABEL_INSTANCE: graph.metadata.name,
+        contract.LABEL_APP_COMPONENT: component,
+        contract.LABEL_PART_OF: contract.PART_OF,
+        contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+        contract.LABEL_FRAMEWORK: graph.spec.engine.framework,
         **selector_labels(graph.metadata.name, component),
     }
 
@@ -126,7 +119,7 @@ def component_object(graph: api.DynamoGraph, component: api.ComponentName, *, wi
         "apiVersion": api.API_VERSION,
         "kind": api.COMPONENT_KIND,
         "metadata": {
-            "name": child_name(graph.metadata.name, component),
+            "name": contract.child_name(graph.metadata.name, component),
             "namespace": graph.metadata.namespace,
             "labels": component_labels(graph, component),
             "ownerReferences": [graph_owner(graph).as_manifest()],
@@ -236,7 +229,7 @@ def _probe(path: str, *, period: int, failures: int) -> Manifest:
 def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings: RenderSettings) -> Manifest:
     spec = graph.spec
     overrides = spec.pod_template
-    name = child_name(graph.metadata.name, component)
+    name = contract.child_name(graph.metadata.name, component)
     env = _downward_env()
     volumes: list[Manifest] = []
     mounts: list[Manifest] = []
@@ -321,7 +314,7 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
 
 def _meta(graph: api.DynamoGraph, component: str, owner: OwnerRef, name: str | None = None) -> Manifest:
     return {
-        "name": name or child_name(graph.metadata.name, component),
+        "name": name or contract.child_name(graph.metadata.name, component),
         "namespace": graph.metadata.namespace,
         "labels": component_labels(graph, component),
         "ownerReferences": [owner.as_manifest()],
@@ -337,7 +330,7 @@ def workload(
     settings: RenderSettings,
 ) -> list[Manifest]:
     """Everything one component runs on: Deployment, Service, PDB and per-engine helpers."""
-    name = child_name(graph.metadata.name, component)
+    name = contract.child_name(graph.metadata.name, component)
     selector = selector_labels(graph.metadata.name, component)
     objects: list[Manifest] = [
         {
@@ -387,7 +380,7 @@ def workload(
 
 def frontend_rbac(graph: api.DynamoGraph, owner: OwnerRef) -> list[Manifest]:
     """The frontend discovers workers by watching Pods of its graph: read-only, one namespace."""
-    name = child_name(graph.metadata.name, "frontend")
+    name = contract.child_name(graph.metadata.name, "frontend")
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(graph, "frontend", owner)},
         {
@@ -407,4 +400,4 @@ def frontend_rbac(graph: api.DynamoGraph, owner: OwnerRef) -> list[Manifest]:
 
 
 def endpoint(graph: api.DynamoGraph) -> str:
-    return f"http://{child_name(graph.metadata.name, 'frontend')}.{graph.metadata.namespace}.svc:{HTTP_PORT}/v1"
+    return f"http://{contract.child_name(graph.metadata.name, 'frontend')}.{graph.metadata.namespace}.svc:{HTTP_PORT}/v1"

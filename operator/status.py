@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 
 Manifest = dict[str, Any]
@@ -174,14 +175,10 @@ def merge_transition_times(
     new: list[api.Condition], previous: list[api.Condition], now: str
 ) -> list[api.Condition]:
     """Keep lastTransitionTime when a condition's status did not change (API conventions)."""
-    before = {c.type: c for c in previous}
-    merged = []
-    for condition in new:
-        old = before.get(condition.type)
-        unchanged = old is not None and old.status == condition.status and old.last_transition_time
-        stamp = old.last_transition_time if unchanged and old is not None else now
-        merged.append(condition.model_copy(update={"last_transition_time": stamp}))
-    return merged
+    before = {c.type: c.model_dump(by_alias=True) for c in previous}
+    return [condition.model_copy(update={
+        "last_transition_time": contract.transition_time(before.get(condition.type), condition.status, now)})
+        for condition in new]
 
 
 def graph_status(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import logging
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from fleetpilot import kube as kube_mod
 from fleetpilot import perfmodel
+from fleetpilot.api import contract
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
@@ -32,7 +32,6 @@ from fleetpilot.planner import core, sizing
 from fleetpilot.planner.observe import PrometheusObserver
 
 logger = logging.getLogger("fleetpilot.planner")
-FIELD_MANAGER = "fleetpilot-planner"
 
 PREDICTED_RATE = Gauge("fleetpilot_planner_predicted_rate_rps", "Peak request rate forecast over the horizon.",
                        ["namespace", "graph"])
@@ -59,10 +58,6 @@ PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Ti
 # The profile the planner assumes for simulator graphs without a profileRef: what the simulator
 # itself runs (its CLI defaults).
 SIMULATOR_PRESET = ("llama-3.1-8b", "h200-sxm")
-
-
-def _now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def simulator_profile(tensor_parallel: int) -> profiles.Profile:
@@ -258,10 +253,9 @@ class LivePlanner:
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
                       message: str) -> None:
-        previous = {c.get("type"): c for c in body.get("status", {}).get("conditions", [])}.get("PlannerActive", {})
-        status = "True" if active else "False"
-        stamp = previous.get("lastTransitionTime") if previous.get("status") == status else _now_rfc3339()
-        block: dict[str, Any] = {"lastDecisionTime": _now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
+        conditions = body.get("status", {}).get("conditions", [])
+        previous = contract.find_condition(conditions, "PlannerActive") or {}
+        block: dict[str, Any] = {"lastDecisionTime": contract.now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
                                  "reason": message[:1024]}
         if plan is not None:
             block["replicas"] = dict(plan.replicas)
@@ -277,9 +271,8 @@ class LivePlanner:
             "metadata": {"name": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]},
             "status": {
                 "planner": block,
-                "conditions": [{"type": "PlannerActive", "status": status, "reason": reason, "message": message[:1024],
-                                "lastTransitionTime": stamp,
-                                "observedGeneration": body["metadata"].get("generation", 0)}],
+                "conditions": [contract.condition("PlannerActive", active, reason, message, previous=conditions,
+                                                  generation=body["metadata"].get("generation", 0))],
             },
         }, subresource="status")
         if previous.get("reason") != reason:
@@ -287,7 +280,6 @@ class LivePlanner:
 
     async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         try:
-            await self.kube.event(body, type_="Warning" if warning else "Normal", reason=reason, message=message,
-                                  component=FIELD_MANAGER)
+            await self.kube.event(body, type_="Warning" if warning else "Normal", reason=reason, message=message)
         except kube_mod.ApiError as error:
             logger.warning("could not record event: %s", error)

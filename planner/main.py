@@ -16,6 +16,7 @@ from typing import Any
 import prometheus_client
 
 from fleetpilot import leader
+from fleetpilot.api import contract
 from fleetpilot.planner import backtest_cli
 
 
@@ -29,7 +30,7 @@ async def _main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    api = kube.KubeApi(field_manager=live.FIELD_MANAGER)
+    api = kube.KubeApi(field_manager=contract.PLANNER)
     budgets = {}
     for item in args.gpu_budget:
         name, _, gpus = item.partition("=")
@@ -88,6 +89,6 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--gpu-budget", action="append", default=[], metavar="NAME=GPUS",
                         help="a GPU budget graphs share by naming it in spec.planner.budget (repeatable)")
     parser.add_argument("--metrics-port", type=int, default=8081, help="Prometheus metrics port (0: off)")
-    leader.add_arguments(parser, lease_name="fleetpilot-planner")
+    leader.add_arguments(parser, lease_name=contract.PLANNER)
     backtest_cli.add_arguments(parser)
     parser.set_defaults(func=run)

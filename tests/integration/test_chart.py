@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from fleetpilot import kube
+from fleetpilot.api import contract
 from fleetpilot.planner import core
 from fleetpilot.planner import live as planner_live
 
@@ -195,7 +196,7 @@ def test_planner_service_account_scales_components_but_never_edits_a_graph(
     # which the planner never does): a graph's spec is refused, a component's /scale is not.
     async def attempt() -> None:
         api = kube.KubeApi(kube.load_configuration(str(chart_identities.kubeconfigs["planner"])),
-                           field_manager=planner_live.FIELD_MANAGER)
+                           field_manager=contract.PLANNER)
         try:
             with pytest.raises(kube.ApiError) as refused:
                 await api.patch("DynamoGraph", namespace, name, {"spec": {"components": {"decode": {"replicas": 3}}}})
@@ -218,7 +219,7 @@ def test_planner_service_account_scales_components_but_never_edits_a_graph(
     # And the live planner itself, as that ServiceAccount: list, read, scale, status, events.
     async def plan_once() -> None:
         api = kube.KubeApi(kube.load_configuration(str(chart_identities.kubeconfigs["planner"])),
-                           field_manager=planner_live.FIELD_MANAGER)
+                           field_manager=contract.PLANNER)
         try:
             live = planner_live.LivePlanner(api, _Observer(), namespaces=[namespace])  # type: ignore[arg-type]
             await live.tick()

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from fleetpilot import yamlio
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import render
 
@@ -257,8 +258,8 @@ def graph_with_hostile_labels() -> api.DynamoGraph:
         VLLM_DISAGG,
         podTemplate={
             "labels": {
-                render.LABEL_GRAPH: "someone-else",
-                render.LABEL_COMPONENT: "decode",
+                contract.LABEL_GRAPH: "someone-else",
+                contract.LABEL_COMPONENT: "decode",
                 "team": "inference",
             }
         },
@@ -274,7 +275,7 @@ def test_selector_is_a_subset_of_pod_labels_despite_user_labels(component: api.C
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     selector = deployment["spec"]["selector"]["matchLabels"]
 
-    assert selector == {render.LABEL_GRAPH: "llama-disagg", render.LABEL_COMPONENT: component}
+    assert selector == {contract.LABEL_GRAPH: "llama-disagg", contract.LABEL_COMPONENT: component}
     assert selector.items() <= pod_labels.items()
     assert pod_labels["team"] == "inference"  # harmless user labels are kept
     assert one(objects, "Service")["spec"]["selector"] == selector

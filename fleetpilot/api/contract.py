@@ -1,0 +1,92 @@
+"""The names every part of fleetpilot agrees on: labels, child names, field managers, conditions, the clock.
+
+The operator writes these names, the frontend's discovery, the planner, the chart's PodMonitor and
+the e2e pod runner read them; each is defined here once so that none of them can drift. Pure: no
+I/O, and nothing here knows a Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# -- labels ----------------------------------------------------------------------------------------
+
+#: Every object the operator makes for a graph carries the graph's name here; watches select on it.
+LABEL_GRAPH = "fleetpilot.dev/graph"
+#: frontend, prefill, decode or aggregated.
+LABEL_COMPONENT = "fleetpilot.dev/component"
+#: The serving engine (vllm, sglang, trtllm, simulator): the e2e pod runner takes the simulator's pods.
+LABEL_FRAMEWORK = "fleetpilot.dev/framework"
+#: Set on the dev cluster's kwok nodes.
+LABEL_SIMULATED_NODE = "fleetpilot.dev/simulated-node"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_APP_COMPONENT = "app.kubernetes.io/component"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+PART_OF = "fleetpilot"
+
+# -- annotations -----------------------------------------------------------------------------------
+
+#: A digest of the manifest the operator last applied to a child: a child whose digest and fields
+#: still match what the graph asks for needs no write.
+ANNOTATION_APPLIED = "fleetpilot.dev/applied-digest"
+
+# -- identities: field managers, Lease names, Event sources ----------------------------------------
+
+OPERATOR = "fleetpilot-operator"
+PLANNER = "fleetpilot-planner"
+#: The operator's children say they are managed by it (`app.kubernetes.io/managed-by`).
+MANAGED_BY = OPERATOR
+
+WORKER_ROLES = ("prefill", "decode", "aggregated")
+
+
+def child_name(graph: str, component: str) -> str:
+    """`<graph>-<component>`: the DynamoGraphComponent and every object it owns."""
+    return f"{graph}-{component}"
+
+
+def graph_selector(graph: str) -> dict[str, str]:
+    return {LABEL_GRAPH: graph}
+
+
+# -- time ------------------------------------------------------------------------------------------
+
+def rfc3339(moment: datetime.datetime) -> str:
+    """Kubernetes' metav1.Time: UTC, whole seconds."""
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def now_rfc3339() -> str:
+    return rfc3339(datetime.datetime.now(datetime.UTC))
+
+
+# -- conditions ------------------------------------------------------------------------------------
+
+def transition_time(previous: Mapping[str, Any] | None, status: str, now: str) -> str:
+    """lastTransitionTime of a condition now `status`: kept while the status stays, `now` when it changes."""
+    if previous is not None and previous.get("status") == status and previous.get("lastTransitionTime"):
+        return str(previous["lastTransitionTime"])
+    return now
+
+
+def find_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
+    for condition in conditions:
+        if condition.get("type") == type_:
+            return condition
+    return None
+
+
+def condition(type_: str, status: bool | str, reason: str, message: str, *, generation: int,
+              previous: Sequence[Mapping[str, Any]] = (), now: str | None = None) -> dict[str, Any]:
+    """One condition as the API stores it, keeping lastTransitionTime from `previous` when unchanged."""
+    value = status if isinstance(status, str) else ("True" if status else "False")
+    return {
+        "type": type_, "status": value, "reason": reason, "message": message[:1024],
+        "lastTransitionTime": transition_time(find_condition(previous, type_), value, now or now_rfc3339()),
+        "observedGeneration": generation,
+    }
