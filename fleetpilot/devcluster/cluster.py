@@ -58,6 +58,9 @@ class ClusterConfig:
     #: Pods carrying any of these (label, value) pairs are left to an external pod runner: kwok
     #: neither marks them Running nor deletes them. Empty (the default): kwok drives every pod.
     external_pod_labels: tuple[tuple[str, str], ...] = ()
+    #: Write the apiserver's audit log (every request's user, agent, verb and resource, as JSON lines) to
+    #: `logs/audit.log`: how benchmarks count the API requests one client makes.
+    audit_log: bool = False
 
     @property
     def folder(self) -> Path:
@@ -261,8 +264,27 @@ class Cluster:
             "--allow-privileged=true",
             "--profiling=false",
             "--event-ttl=30m",
+            *self._audit_args(),
         ])
         self._wait(self._healthy, "kube-apiserver /readyz", "kube-apiserver", timeout=60)
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs / "audit.log"
+
+    def _audit_args(self) -> list[str]:
+        """Metadata-level lines (a watch logs when it starts and ends: count requests by auditID)."""
+        if not self.config.audit_log:
+            return []
+        policy = self.folder / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata"}],
+        }))
+        self.audit_log.unlink(missing_ok=True)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
+                "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s", "--audit-log-maxsize=0"]
 
     def _start_controller_manager(self, pki: pki_mod.Pki, kubeconfig: Path) -> None:
         self._spawn("kube-controller-manager", [
