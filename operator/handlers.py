@@ -1,9 +1,18 @@
-"""kopf wiring: watch events in, graph keys onto the reconciler's queue.
+"""kopf wiring: watches in, the reconciler's cache filled and graph keys onto its queue.
 
-Handlers here decide nothing. Any change to a DynamoGraph, or to a child carrying its
-`fleetpilot.dev/graph` label (DynamoGraphComponent, Deployment, Pod), enqueues that graph; the
-reconciler does the rest. Only event handlers are used, so kopf writes nothing onto user
-objects: no finalizers, no annotations, no status fields of its own.
+Handlers here decide nothing. For every kind the operator reads (cache.WATCHED), kopf lists and
+then watches it, and two handlers see each event:
+
+- an **index** handler keeps the object's projection in kopf's in-memory index, keyed by
+  (namespace, graph): the cache the reconciler reads instead of the API. kopf runs no other
+  handler until every index has finished its first list, so no reconcile ever sees half the world;
+- an **event** handler enqueues the graph: a change to the graph at once; a change to a child
+  (its DynamoGraphComponent, Deployment, Service, PodDisruptionBudget, ServiceAccount, Role,
+  RoleBinding, ConfigMap or Pod) after a short pause, so a burst of them costs one reconcile. A
+  child deleted by hand is therefore recreated within a second, not at the next resync.
+
+Only index and event handlers are used, so kopf writes nothing onto user objects: no finalizers,
+no annotations, no status fields of its own.
 """
 
 from __future__ import annotations
@@ -15,23 +24,27 @@ from typing import Any
 import kopf
 
 from fleetpilot import kube
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.operator import reconciler, render
+from fleetpilot.operator import cache, reconciler, render
 
 CHILD_EVENT_DELAY_SECONDS = float(os.environ.get("FLEETPILOT_CHILD_EVENT_DELAY_SECONDS", "0.3"))
-CHILD_SELECTOR: dict[str, Any] = {
-    render.LABEL_GRAPH: kopf.PRESENT,
-    "app.kubernetes.io/managed-by": render.MANAGED_BY,
-}
+#: Children the operator made. Pods are selected on the graph label alone: the Deployment's pod
+#: template carries it, and kubectl-made test pods may omit managed-by.
+CHILD_SELECTOR: dict[str, Any] = {contract.LABEL_GRAPH: kopf.PRESENT, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+POD_SELECTOR: dict[str, Any] = {contract.LABEL_GRAPH: kopf.PRESENT}
 
 
 @kopf.on.startup()
-async def start_reconciler(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def start_reconciler(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     settings.posting.enabled = False  # our Events come from the reconciler, with our reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # The indexes exist (empty) before startup handlers run, and fill as kopf's watches list.
+    indexes = {cache.index_id(kind): kwargs[cache.index_id(kind)] for kind in cache.WATCHED}
     memo.reconciler = reconciler.GraphReconciler(
         kube.KubeApi(),
+        cache=cache.GraphCache(indexes),
         settings=render.RenderSettings(
             fleetpilot_image=os.environ.get("FLEETPILOT_IMAGE", render.RenderSettings.fleetpilot_image)
         ),
@@ -49,17 +62,29 @@ async def stop_reconciler(memo: kopf.Memo, **_: Any) -> None:
         await graph_reconciler.kube.aclose()
 
 
-@kopf.on.event(api.GROUP, api.VERSION, api.GRAPH_PLURAL)
-async def graph_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    if namespace:
-        memo.reconciler.enqueue(namespace, name)
+def _register(kind: str) -> None:
+    """An index handler and an event handler for one kind."""
+    group, version, plural = cache.WATCHED[kind]
+    selector = None if kind == api.GRAPH_KIND else POD_SELECTOR if kind == "Pod" else CHILD_SELECTOR
+
+    def index(body: kopf.Body, name: str, namespace: str | None, labels: Mapping[str, str],
+              **_: Any) -> dict[cache.IndexKey, cache.Manifest] | None:
+        key = cache.index_key(kind, namespace or "", name, labels)
+        return None if key is None else {key: cache.projection(kind, body)}
+
+    async def changed(event: Mapping[str, Any], body: kopf.Body, name: str, namespace: str | None,
+                      labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+        key = cache.index_key(kind, namespace or "", name, labels)
+        if key is None:
+            return
+        memo.reconciler.cache.observe(kind, body, deleted=event.get("type") == "DELETED")
+        # Children change in bursts (a rollout touches pods, ReplicaSets and the Deployment many times):
+        # wait a moment so one reconcile sees the whole burst instead of one reconcile per event.
+        memo.reconciler.enqueue(*key, after=0 if kind == api.GRAPH_KIND else CHILD_EVENT_DELAY_SECONDS)
+
+    kopf.index(group, version, plural, labels=selector, id=cache.index_id(kind))(index)
+    kopf.on.event(group, version, plural, labels=selector, id=f"{kind.lower()}_changed")(changed)
 
 
-@kopf.on.event(api.GROUP, api.VERSION, api.COMPONENT_PLURAL, labels=CHILD_SELECTOR)
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD_SELECTOR)
-@kopf.on.event("", "v1", "pods", labels={render.LABEL_GRAPH: kopf.PRESENT})
-async def child_changed(labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any) -> None:
-    # Children change in bursts (a rollout touches pods, ReplicaSets and the Deployment many times):
-    # wait a moment so one reconcile sees the whole burst instead of one reconcile per event.
-    if namespace:
-        memo.reconciler.enqueue(namespace, labels[render.LABEL_GRAPH], after=CHILD_EVENT_DELAY_SECONDS)
+for _kind in cache.WATCHED:
+    _register(_kind)

@@ -1,48 +1,55 @@
 """The level-triggered reconcile loop for DynamoGraphs.
 
-Watch events (from kopf) only say "look at graph ns/name again"; they land in a de-duplicating work
-queue, and a few workers each take one graph at a time, read the world, render the desired objects
-(render.py), apply them server-side, delete what the graph no longer needs (only objects it owns),
-and write status (status.py). A graph is never reconciled by two workers at once; events that
-arrive meanwhile fold into one more pass. Errors are retried with exponential backoff, and every
-graph is looked at again after `resync_seconds` even if nothing happened.
+Watch events (from kopf, handlers.py) only say "look at graph ns/name again"; they land in the work
+queue (workqueue.py: deduplicated, one worker per graph at a time, retries with backoff, a resync
+after `resync_seconds`). A pass reads the world from the watch-fed cache (cache.py), never from
+the API; renders the desired objects (render.py); applies only those that drifted from what it
+applied before (drift.py); deletes what the graph no longer needs (only objects it owns); and
+writes status (status.py) when it changed. A pass over a graph whose objects are as they should be
+sends no request at all, so a thousand Ready graphs cost the API nothing between changes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 from typing import Any
 
 import pydantic
 
 from fleetpilot import kube as kube_mod
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.operator import metrics, render, status
+from fleetpilot.operator import cache as cache_mod
+from fleetpilot.operator import drift, metrics, render, status, workqueue
 
 logger = logging.getLogger("fleetpilot.operator")
 
 Key = tuple[str, str]  # (namespace, name)
 Manifest = dict[str, Any]
 
-# Kinds a component may own, listed each pass to find what to apply, adopt-check and prune.
-CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding", "ConfigMap")
-
 
 class NameConflict(Exception):
     """An object we would create already exists and belongs to someone else: we leave it alone."""
 
 
-def controller_uid(obj: Manifest) -> str | None:
+class Superseded(Exception):
+    """A child of a deleted predecessor of ours (same owner name, older uid) is in the way until it is gone."""
+
+
+SUPERSEDED_RETRY_SECONDS = 0.5
+
+
+def controller_ref(obj: Manifest) -> Manifest | None:
     for ref in obj.get("metadata", {}).get("ownerReferences", []):
         if ref.get("controller"):
-            return str(ref.get("uid"))
+            return dict(ref)
     return None
 
 
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def controller_uid(obj: Manifest) -> str | None:
+    ref = controller_ref(obj)
+    return None if ref is None else str(ref.get("uid"))
 
 
 def describe_validation_error(error: pydantic.ValidationError) -> str:
@@ -59,101 +66,69 @@ class GraphReconciler:
         self,
         kube: kube_mod.KubeApi,
         *,
+        cache: cache_mod.GraphCache | None = None,
         settings: render.RenderSettings | None = None,
         workers: int = 8,
         resync_seconds: float = 300.0,
         max_backoff_seconds: float = 60.0,
     ) -> None:
         self.kube = kube
+        self.cache = cache or cache_mod.GraphCache()
         self.settings = settings or render.RenderSettings()
         self.workers = workers
         self.resync_seconds = resync_seconds
-        self.max_backoff_seconds = max_backoff_seconds
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
-        self._failures: dict[Key, int] = {}
-        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self.queue: workqueue.WorkQueue[Key] = workqueue.WorkQueue(
+            max_delay_s=max_backoff_seconds, on_depth=metrics.QUEUE_DEPTH.set)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- queue -------------------------------------------------------------------------------------------
 
     def enqueue(self, namespace: str, name: str, *, after: float = 0.0) -> None:
-        key = (namespace, name)
-        if after > 0:
-            timer = self._timers.pop(key, None)
-            if timer is not None and timer.when() <= asyncio.get_running_loop().time() + after:
-                self._timers[key] = timer  # an earlier wake-up is already planned
-                return
-            if timer is not None:
-                timer.cancel()
-            self._timers[key] = asyncio.get_running_loop().call_later(after, self._wake, key)
-            return
-        if key in self._active:
-            self._dirty.add(key)  # fold into one more pass after the running one
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
-            metrics.QUEUE_DEPTH.set(len(self._queued))
-
-    def _wake(self, key: Key) -> None:
-        self._timers.pop(key, None)
-        self.enqueue(*key)
+        self.queue.add_after((namespace, name), after)
 
     def idle(self) -> bool:
-        return not self._queued and not self._active and not self._dirty
+        return self.queue.idle()
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(), name=f"reconcile-worker-{i}") for i in range(self.workers)]
 
     async def stop(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
+        self.queue.shutdown()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _worker(self) -> None:
         while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            metrics.QUEUE_DEPTH.set(len(self._queued))
-            self._active.add(key)
+            key = await self.queue.get()
             try:
                 with metrics.RECONCILE_SECONDS.time():
                     await self.reconcile(*key)
                 metrics.RECONCILES.labels("ok").inc()
-                self._failures.pop(key, None)
-                self.enqueue(*key, after=self.resync_seconds)
+                self.queue.forget(key)
+                self.queue.add_after(key, self.resync_seconds)
+            except Superseded as waiting:
+                # Routine after a component or graph is deleted and at once recreated: not an error.
+                logger.info("reconcile %s/%s waits: %s", *key, waiting)
+                self.queue.add_after(key, SUPERSEDED_RETRY_SECONDS)
             except Exception as error:  # noqa: BLE001 - a bad graph or a flaky API must never stop the operator
-                failures = self._failures.get(key, 0) + 1
-                self._failures[key] = failures
                 metrics.RECONCILES.labels("error").inc()
-                delay = min(0.5 * 2 ** (failures - 1), self.max_backoff_seconds)
+                delay = self.queue.retry(key)
                 # The API saying no is routine (a namespace terminating, a webhook down): no traceback.
                 log = logger.warning if isinstance(error, kube_mod.ApiError) else logger.exception
-                log("reconcile %s/%s failed (attempt %d): %s; retrying in %.1fs", *key, failures, error, delay)
-                self.enqueue(*key, after=delay)
+                log("reconcile %s/%s failed (attempt %d): %s; retrying in %.1fs", *key, self.queue.failures(key),
+                    error, delay)
             finally:
-                self._active.discard(key)
-                if key in self._dirty:
-                    self._dirty.discard(key)
-                    self.enqueue(*key)
+                self.queue.done(key)
 
     # -- one pass ----------------------------------------------------------------------------------------
 
     async def reconcile(self, namespace: str, name: str) -> None:
-        try:
-            body = await self.kube.get("DynamoGraph", namespace, name)
-        except kube_mod.ApiError as error:
-            if error.not_found:
-                metrics.forget_graph(namespace, name)
-                return  # deleted: the garbage collector removes what we owned
-            raise
-        if body["metadata"].get("deletionTimestamp"):
+        body = self.cache.graph(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
             metrics.forget_graph(namespace, name)
-            return
+            self.queue.cancel((namespace, name))
+            return  # deleted: the garbage collector removes what we owned
         try:
             graph = api.DynamoGraph.model_validate(body)
         except pydantic.ValidationError as error:
@@ -175,20 +150,16 @@ class GraphReconciler:
     async def _converge(self, graph: api.DynamoGraph) -> status.Observation:
         namespace, name, uid = graph.metadata.namespace, graph.metadata.name, graph.metadata.uid
         wanted = render.components_of(graph)
-        graph_labels = {render.LABEL_GRAPH: name}
-
-        components = {c["metadata"]["name"]: c for c in await self.kube.list("DynamoGraphComponent", namespace, labels=graph_labels)}
-        children: dict[tuple[str, str], Manifest] = {}
-        for kind, items in zip(CHILD_KINDS, await asyncio.gather(
-            *(self.kube.list(kind, namespace, labels=graph_labels) for kind in CHILD_KINDS)
-        )):
-            for item in items:
-                children[(kind, item["metadata"]["name"])] = item
+        components = {c["metadata"]["name"]: c for c in self.cache.children(api.COMPONENT_KIND, namespace, name)}
+        children: dict[tuple[str, str], Manifest] = {
+            (kind, item["metadata"]["name"]): item
+            for kind in cache_mod.CHILD_KINDS for item in self.cache.children(kind, namespace, name)
+        }
 
         observed: list[status.ComponentObservation] = []
         keep: set[tuple[str, str]] = set()
         for component in wanted:
-            dgc = await self._ensure_component(graph, component, components.get(render.child_name(name, component)))
+            dgc = await self._ensure_component(graph, component, components.get(contract.child_name(name, component)))
             requested = int(dgc["spec"]["replicas"])
             replicas = render.effective_replicas(graph, component, requested)
             owner = render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, dgc["metadata"]["name"], dgc["metadata"]["uid"])
@@ -196,7 +167,7 @@ class GraphReconciler:
             for manifest in render.workload(graph, component, replicas=replicas, owner=owner, settings=self.settings):
                 key = (manifest["kind"], manifest["metadata"]["name"])
                 keep.add(key)
-                applied = await self._apply_owned(manifest, owner.uid, children.get(key))
+                applied = await self._apply_owned(manifest, owner, children.get(key))
                 if manifest["kind"] == "Deployment":
                     deployment = applied
             await self._write_component_status(dgc, deployment)
@@ -207,9 +178,10 @@ class GraphReconciler:
 
         await self._prune(graph, uid, components, children, keep, wanted)
 
-        pods = await self.kube.list("Pod", namespace, labels=graph_labels)
+        pods = self.cache.children("Pod", namespace, name)
         capacity = None
         if status.unschedulable(pods):
+            # Rare, and worth two LISTs: which nodes could take these pods, and what is already on them.
             nodes, bound = await asyncio.gather(
                 self.kube.list("Node"),
                 self.kube.list("Pod", field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
@@ -225,42 +197,58 @@ class GraphReconciler:
             try:
                 created = await self.kube.create(render.component_object(graph, component, with_replicas=True))
                 metrics.APPLIES.labels(api.COMPONENT_KIND).inc()
+                self.cache.remember(created)
                 return created
             except kube_mod.ApiError as error:
                 if not error.conflict:
                     raise
                 existing = await self.kube.get("DynamoGraphComponent", graph.metadata.namespace,
-                                               render.child_name(graph.metadata.name, component))
-        if controller_uid(existing) != graph.metadata.uid:
-            raise NameConflict(
-                f"DynamoGraphComponent {existing['metadata']['name']} exists and is not owned by this graph;"
-                " delete or rename it"
-            )
+                                               contract.child_name(graph.metadata.name, component))
+        await self._check_owner(existing, api.COMPONENT_KIND, render.graph_owner(graph))
         desired = render.component_object(graph, component, with_replicas=False)
         if not _subset(desired["spec"], existing["spec"]) or not _subset(desired["metadata"]["labels"],
                                                                           existing["metadata"].get("labels", {})):
             metrics.APPLIES.labels(api.COMPONENT_KIND).inc()
-            return await self.kube.apply(desired)
+            applied = await self.kube.apply(desired)
+            self.cache.remember(applied)
+            return applied
         return existing
 
-    async def _apply_owned(self, manifest: Manifest, owner_uid: str, existing: Manifest | None) -> Manifest:
-        """Apply a child we own; refuse to adopt an object somebody else made with the same name."""
+    async def _apply_owned(self, manifest: Manifest, owner: render.OwnerRef, existing: Manifest | None) -> Manifest:
+        """Apply a child we own, unless it is as we applied it; never adopt what somebody else made."""
+        stamped = drift.with_digest(manifest)
         if existing is None:
             try:
                 metrics.APPLIES.labels(manifest["kind"]).inc()
-                return await self.kube.create(manifest)
+                created = await self.kube.create(stamped)
+                self.cache.remember(created)
+                return created
             except kube_mod.ApiError as error:
                 if not error.conflict:
                     raise
                 existing = await self.kube.get(manifest["kind"], manifest["metadata"]["namespace"],
                                                manifest["metadata"]["name"])
-        if controller_uid(existing) != owner_uid:
-            raise NameConflict(
-                f"{manifest['kind']} {manifest['metadata']['name']} exists and is not owned by this graph;"
-                " delete or rename it"
-            )
+        await self._check_owner(existing, manifest["kind"], owner)
+        if drift.up_to_date(existing, manifest):
+            return existing
         metrics.APPLIES.labels(manifest["kind"]).inc()
-        return await self.kube.apply(manifest)
+        applied = await self.kube.apply(stamped)
+        self.cache.remember(applied)
+        return applied
+
+    async def _check_owner(self, existing: Manifest, kind: str, owner: render.OwnerRef) -> None:
+        """Ours: go on. A deleted predecessor's: delete it (it is ours too) and come back. Anyone else's: refuse."""
+        ref = controller_ref(existing) or {}
+        if ref.get("uid") == owner.uid:
+            return
+        meta = existing["metadata"]
+        what = f"{kind} {meta['name']}"
+        if ref.get("kind") == owner.kind and ref.get("name") == owner.name and ref.get("apiVersion") == owner.api_version:
+            # Made by us for an earlier object of the same name; the garbage collector will remove it,
+            # deleting it ourselves only makes that sooner. The uid precondition spares any newcomer.
+            await self.kube.delete(kind, meta["namespace"], meta["name"], uid=meta["uid"])
+            raise Superseded(f"{what} belongs to a deleted {owner.kind} {owner.name}; removing it first")
+        raise NameConflict(f"{what} exists and is not owned by this graph; delete or rename it")
 
     async def _prune(
         self,
@@ -272,7 +260,7 @@ class GraphReconciler:
         wanted: list[api.ComponentName],
     ) -> None:
         """Delete what this graph made and no longer wants, and nothing else."""
-        wanted_names = {render.child_name(graph.metadata.name, c) for c in wanted}
+        wanted_names = {contract.child_name(graph.metadata.name, c) for c in wanted}
         our_components = {c["metadata"]["uid"] for c in components.values() if controller_uid(c) == graph_uid}
         for dgc_name, dgc in components.items():
             if dgc_name not in wanted_names and controller_uid(dgc) == graph_uid:
@@ -296,33 +284,37 @@ class GraphReconciler:
             "observedGeneration": dgc["metadata"].get("generation", 0),
         }
         if dgc.get("status") != new:
-            await self.kube.apply({
+            self.cache.remember(await self.kube.apply({
                 "apiVersion": api.API_VERSION, "kind": api.COMPONENT_KIND,
                 "metadata": {"name": dgc["metadata"]["name"], "namespace": dgc["metadata"]["namespace"]},
                 "status": new,
-            }, subresource="status")
+            }, subresource="status"))
 
     async def _write_status(self, body: Manifest, observation: status.Observation, *, endpoint: str | None) -> None:
         try:
             previous = api.DynamoGraphStatus.model_validate(body.get("status") or {})
         except pydantic.ValidationError:
             previous = api.DynamoGraphStatus()
-        new = status.graph_status(observation, previous=previous, endpoint=endpoint, now=now_rfc3339())
+        new = status.graph_status(observation, previous=previous, endpoint=endpoint, now=contract.now_rfc3339())
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         for condition in new.conditions:
             for value in ("True", "False", "Unknown"):
                 metrics.GRAPH_CONDITION.labels(namespace, name, condition.type, value).set(
                     1 if condition.status == value else 0)
         new_doc = new.model_dump(by_alias=True, exclude_none=True)
+        if not new_doc.get("components"):
+            # An empty map we once filled would be applied as null, which the schema refuses (422):
+            # leave the field out instead, and server-side apply removes our old entries.
+            new_doc.pop("components", None)
         old_doc = body.get("status") or {}
         ours = {k: old_doc.get(k) for k in new_doc}
         ours["conditions"] = [c for c in old_doc.get("conditions", []) if c.get("type") in ("Ready", "Progressing", "Degraded")]
         if ours != new_doc:
-            await self.kube.apply({
+            self.cache.remember(await self.kube.apply({
                 "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
                 "metadata": {"name": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]},
                 "status": new_doc,
-            }, subresource="status")
+            }, subresource="status"))
         for condition in status.transitions(new.conditions, previous.conditions):
             await self._event_for(body, condition)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import httpx
@@ -258,6 +259,35 @@ def test_restarting_the_operator_midway_leaves_exactly_one_of_each_child(
             assert len(found) == expected, f"{kind} of {name}: {[f['metadata']['name'] for f in found]}"
         assert len(kubectl.items("pods", namespace, selector)) == 4  # 1 frontend + 1 prefill + 2 decode
     assert operator.alive()
+
+
+def test_every_child_deleted_by_hand_comes_back_at_once(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    """Deletions reach the operator through its watches, not at the next resync (20 s in these tests)."""
+    sample = load_sample("disaggregated-trtllm.yaml")  # the one sample with a ConfigMap child
+    name = sample["metadata"]["name"]
+    kubectl.apply(sample, namespace)
+    wait_for(lambda: ready(kubectl, namespace, name), timeout=90, what="Ready")
+    children = {"dgc": f"{name}-decode", "deployment": f"{name}-prefill", "service": f"{name}-frontend",
+                "pdb": f"{name}-decode", "serviceaccount": f"{name}-frontend", "role": f"{name}-frontend",
+                "rolebinding": f"{name}-frontend", "configmap": f"{name}-decode-trtllm"}
+    took = {}
+    for kind, child in children.items():
+        before = kubectl.json("get", kind, child, "-n", namespace)["metadata"]["uid"]
+        kubectl.run("delete", kind, child, "-n", namespace, "--wait=false")
+        started = time.monotonic()
+
+        def recreated(kind: str = kind, child: str = child, before: str = before) -> bool:
+            found = kubectl.run("get", kind, child, "-n", namespace, "-o", "json", check=False)
+            return found.returncode == 0 and json.loads(found.stdout)["metadata"]["uid"] != before
+
+        wait_for(recreated, timeout=60, interval=0.05, what=f"{kind}/{child} recreated")
+        took[kind] = time.monotonic() - started
+    print("recreated after deletion by hand (s):", {k: round(v, 2) for k, v in took.items()})
+    slow = {kind: seconds for kind, seconds in took.items() if seconds >= 10}  # half the resync
+    assert not slow, f"came back only by resync, not through a watch: {slow}"
+    wait_for(lambda: ready(kubectl, namespace, name), timeout=90, what="Ready again")
 
 
 def test_operator_exports_its_metrics(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:

@@ -414,13 +414,15 @@ def _grants(triples: list[tuple[str, str, str]]) -> dict[tuple[str, str], set[st
 
 def test_operator_rbac_is_exactly_what_it_uses() -> None:
     docs = render_chart()
-    writes = {"get", "list", "create", "patch", "delete"}
+    # Every kind it makes is watched into its cache (list, watch), written (create, patch, delete),
+    # and read directly only when a create finds the name taken (get).
+    writes = {"get", "list", "watch", "create", "patch", "delete"}
     assert _grants(_rules(docs, "fleetpilot-operator")) == {
-        ("fleetpilot.dev", "dynamographs"): {"get", "list", "watch"},
+        ("fleetpilot.dev", "dynamographs"): {"list", "watch"},
         ("fleetpilot.dev", "dynamographs/status"): {"patch"},
         ("fleetpilot.dev", "dynamographcomponents/status"): {"patch"},
-        ("fleetpilot.dev", "dynamographcomponents"): writes | {"watch"},
-        ("apps", "deployments"): writes | {"watch"},
+        ("fleetpilot.dev", "dynamographcomponents"): writes,
+        ("apps", "deployments"): writes,
         ("", "services"): writes,
         ("", "serviceaccounts"): writes,
         ("", "configmaps"): writes,

@@ -1,0 +1,108 @@
+"""The reconciler's cache: kopf's indexes overlaid with its own writes until the watch shows them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetpilot.api import contract
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.operator import cache
+
+
+def obj(kind: str, name: str, version: str, *, uid: str = "u", graph: str = "g", **extra: Any) -> dict[str, Any]:
+    return {"kind": kind, "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": version,
+                                       "labels": {contract.LABEL_GRAPH: graph},
+                                       "managedFields": [{"manager": "kubectl"}]}, **extra}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def indexes(**by_kind: list[dict[str, Any]]) -> dict[str, dict[cache.IndexKey, list[dict[str, Any]]]]:
+    """kopf's indexes as the handlers fill them: {index id: {(namespace, graph): [projections]}}."""
+    out: dict[str, dict[cache.IndexKey, list[dict[str, Any]]]] = {}
+    for kind, items in by_kind.items():
+        index = out.setdefault(cache.index_id(kind), {})
+        for item in items:
+            meta = item["metadata"]
+            key = cache.index_key(kind, meta["namespace"], meta["name"], meta["labels"])
+            assert key is not None
+            index.setdefault(key, []).append(cache.projection(kind, item))
+    return out
+
+
+def test_our_create_is_visible_before_the_watch_delivers_it_and_then_the_watch_wins() -> None:
+    index = indexes(Service=[])
+    view = cache.GraphCache(index)
+    view.remember(obj("Service", "g-frontend", "10"))
+    assert [s["metadata"]["name"] for s in view.children("Service", "ns", "g")] == ["g-frontend"]
+    # The watch delivers it, then someone changes it: the watched copy is newer, ours is forgotten.
+    index[cache.index_id("Service")][("ns", "g")] = [cache.projection("Service", obj("Service", "g-frontend", "12"))]
+    assert view.children("Service", "ns", "g")[0]["metadata"]["resourceVersion"] == "12"
+
+
+def test_a_stale_watched_copy_does_not_hide_our_newer_write() -> None:
+    index = indexes(DynamoGraph=[obj(api.GRAPH_KIND, "g", "5", status={"ready": False})])
+    view = cache.GraphCache(index)
+    view.remember(obj(api.GRAPH_KIND, "g", "7", status={"ready": True}))
+    assert view.graph("ns", "g")["status"] == {"ready": True}  # type: ignore[index]
+
+
+def test_a_write_is_forgotten_when_the_watch_shows_it_or_its_deletion() -> None:
+    view = cache.GraphCache(indexes(Service=[]))
+    view.remember(obj("Service", "g-frontend", "10"))
+    view.observe("Service", obj("Service", "g-frontend", "10"), deleted=False)
+    assert view.children("Service", "ns", "g") == []  # the (empty) index is the truth again
+    view.remember(obj("Service", "g-frontend", "11"))
+    view.observe("Service", obj("Service", "g-frontend", "11"), deleted=True)
+    assert view.children("Service", "ns", "g") == []  # deleted by hand right after we made it: make it again
+
+
+def test_a_write_expires_after_the_ttl() -> None:
+    clock = Clock()
+    view = cache.GraphCache(indexes(Service=[]), ttl_s=60, clock=clock)
+    view.remember(obj("Service", "g-frontend", "10"))
+    clock.now = 61
+    assert view.children("Service", "ns", "g") == []
+
+
+def test_a_recreated_object_is_not_shadowed_by_a_write_to_its_predecessor() -> None:
+    index = indexes(Service=[obj("Service", "g-frontend", "3", uid="new")])
+    view = cache.GraphCache(index)
+    view.remember(obj("Service", "g-frontend", "9", uid="old"))
+    assert view.children("Service", "ns", "g")[0]["metadata"]["uid"] == "new"
+
+
+def test_a_deleted_graph_is_none_and_its_writes_go() -> None:
+    view = cache.GraphCache(indexes(DynamoGraph=[]))
+    view.remember(obj("Service", "g-frontend", "10"))
+    assert view.graph("ns", "g") is None
+    assert view.children("Service", "ns", "g") == []
+
+
+def test_children_are_per_graph_and_kind() -> None:
+    view = cache.GraphCache(indexes(Service=[obj("Service", "a-frontend", "1", graph="a"),
+                                             obj("Service", "b-frontend", "1", graph="b")],
+                                    Deployment=[obj("Deployment", "a-decode", "1", graph="a")]))
+    assert [s["metadata"]["name"] for s in view.children("Service", "ns", "a")] == ["a-frontend"]
+    assert [d["metadata"]["name"] for d in view.children("Deployment", "ns", "a")] == ["a-decode"]
+    assert view.children("Deployment", "ns", "b") == []
+
+
+def test_projections_drop_what_nobody_reads() -> None:
+    pod = obj("Pod", "p", "1", spec={"nodeName": "n1", "volumes": [{"name": "big"}],
+                                     "containers": [{"name": "c", "image": "i", "env": [{"name": "X"}],
+                                                     "resources": {"requests": {"nvidia.com/gpu": "1"}}}]},
+              status={"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}], "podIP": "1.2.3.4"})
+    projected = cache.projection("Pod", pod)
+    assert projected["spec"] == {"nodeName": "n1", "initContainers": [],
+                                 "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}
+    assert projected["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    assert "managedFields" not in projected["metadata"]
+    deployment = cache.projection("Deployment", obj("Deployment", "d", "1", spec={"replicas": 2}))
+    assert deployment["spec"] == {"replicas": 2} and "managedFields" not in deployment["metadata"]

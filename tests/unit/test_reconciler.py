@@ -1,0 +1,231 @@
+"""The reconcile pass against an in-memory API and a watch-fed cache: what it sends, and when it sends nothing.
+
+The real apiserver tests (tests/integration/test_operator.py) show the objects come out right; these
+show the request pattern: a pass over an unchanged graph sends no request at all, a hand edit is
+applied away with one request, and a child of a deleted predecessor is removed, not reported as a
+name conflict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from fleetpilot import kube
+from fleetpilot.api import contract
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.operator import cache, reconciler
+
+Manifest = dict[str, Any]
+
+
+def merge(into: Manifest, patch: Manifest) -> None:
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+class FakeApi:
+    """Just enough of an apiserver: uids, resourceVersions, 409 on create, uid preconditions; counts every call."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], Manifest] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self._versions = itertools.count(1)
+
+    def _stamp(self, obj: Manifest) -> Manifest:
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        return copy.deepcopy(obj)
+
+    def put(self, obj: Manifest) -> Manifest:
+        """Create as somebody else would (a user, or an earlier operator): no call counted."""
+        obj = copy.deepcopy(obj)
+        meta = obj["metadata"]
+        meta.setdefault("uid", f"uid-{next(self._versions)}")
+        meta.setdefault("generation", 1)
+        self.objects[(obj["kind"], meta.get("namespace", ""), meta["name"])] = obj
+        return self._stamp(obj)
+
+    async def create(self, manifest: Manifest) -> Manifest:
+        meta = manifest["metadata"]
+        self.calls.append(("create", manifest["kind"], meta["name"]))
+        if (manifest["kind"], meta["namespace"], meta["name"]) in self.objects:
+            raise kube.ApiError(409, "already exists", "AlreadyExists")
+        return self.put(manifest)
+
+    async def apply(self, manifest: Manifest, *, subresource: str | None = None) -> Manifest:
+        meta = manifest["metadata"]
+        self.calls.append(("apply" + (f"/{subresource}" if subresource else ""), manifest["kind"], meta["name"]))
+        existing = self.objects[(manifest["kind"], meta["namespace"], meta["name"])]
+        merge(existing, {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")})
+        return self._stamp(existing)
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> Manifest:
+        self.calls.append(("get", kind, name))
+        try:
+            return copy.deepcopy(self.objects[(kind, namespace or "", name)])
+        except KeyError:
+            raise kube.ApiError(404, "not found", "NotFound") from None
+
+    async def delete(self, kind: str, namespace: str | None, name: str, *, uid: str | None = None) -> None:
+        self.calls.append(("delete", kind, name))
+        found = self.objects.get((kind, namespace or "", name))
+        if found is not None and (uid is None or found["metadata"]["uid"] == uid):
+            del self.objects[(kind, namespace or "", name)]
+
+    async def list(self, kind: str, namespace: str | None = None, **_: Any) -> list[Manifest]:
+        self.calls.append(("list", kind, ""))
+        return []
+
+    async def event(self, regarding: Manifest, **_: Any) -> None:
+        self.calls.append(("event", regarding["kind"], regarding["metadata"]["name"]))
+
+    def writes(self) -> list[tuple[str, str, str]]:
+        return [call for call in self.calls if call[0] != "event"]
+
+
+class WatchedIndexes(Mapping[str, Mapping[cache.IndexKey, list[Manifest]]]):
+    """kopf's indexes over the fake API, as a watch that is always up to date would keep them."""
+
+    def __init__(self, fake: FakeApi) -> None:
+        self.fake = fake
+
+    def __getitem__(self, index_id: str) -> Mapping[cache.IndexKey, list[Manifest]]:
+        kind = next(k for k in cache.WATCHED if cache.index_id(k) == index_id)
+        out: dict[cache.IndexKey, list[Manifest]] = {}
+        for (obj_kind, namespace, name), obj in self.fake.objects.items():
+            key = cache.index_key(kind, namespace, name, obj["metadata"].get("labels", {}))
+            if obj_kind == kind and key is not None:
+                out.setdefault(key, []).append(cache.projection(kind, copy.deepcopy(obj)))
+        return out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(cache.index_id(kind) for kind in cache.WATCHED)
+
+    def __len__(self) -> int:
+        return len(cache.WATCHED)
+
+
+def watch_delivers(graphs: reconciler.GraphReconciler, fake: FakeApi, *,
+                   deleted: tuple[Manifest, ...] = ()) -> None:
+    """What kopf's event handlers tell the cache as the watch shows the API's current objects."""
+    for (kind, _, _), obj in fake.objects.items():
+        graphs.cache.observe(kind, obj, deleted=False)
+    for obj in deleted:
+        graphs.cache.observe(obj["kind"], obj, deleted=True)
+
+
+def delete_by_hand(graphs: reconciler.GraphReconciler, fake: FakeApi, kind: str, name: str) -> None:
+    gone = fake.objects.pop((kind, "ns", name))
+    watch_delivers(graphs, fake, deleted=(gone,))
+
+
+def graph_manifest() -> Manifest:
+    return {
+        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+        "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "engine": {"framework": "simulator"},
+                 "components": {"prefill": {"replicas": 1}, "decode": {"replicas": 2}}},
+    }
+
+
+def setup() -> tuple[FakeApi, reconciler.GraphReconciler]:
+    fake = FakeApi()
+    fake.put(graph_manifest())
+    return fake, reconciler.GraphReconciler(fake, cache=cache.GraphCache(WatchedIndexes(fake)))  # type: ignore[arg-type]
+
+
+def test_a_second_pass_over_an_unchanged_graph_sends_nothing() -> None:
+    fake, graphs = setup()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    first = fake.writes()
+    assert ("create", "Deployment", "g-decode") in first
+    assert ("apply/status", api.GRAPH_KIND, "g") in first
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    assert fake.calls == []
+
+
+def test_a_hand_edit_is_applied_away_with_one_request() -> None:
+    fake, graphs = setup()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    fake.objects[("Deployment", "ns", "g-decode")]["spec"]["replicas"] = 7
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    assert fake.writes() == [("apply", "Deployment", "g-decode")]
+    assert fake.objects[("Deployment", "ns", "g-decode")]["spec"]["replicas"] == 2
+
+
+def test_a_child_deleted_by_hand_is_created_again() -> None:
+    fake, graphs = setup()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    watch_delivers(graphs, fake)
+    delete_by_hand(graphs, fake, "PodDisruptionBudget", "g-prefill")
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    assert fake.writes() == [("create", "PodDisruptionBudget", "g-prefill")]
+
+
+def test_a_spec_change_applies_only_what_it_changes() -> None:
+    fake, graphs = setup()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    stored = fake.objects[(api.GRAPH_KIND, "ns", "g")]
+    stored["spec"]["engine"]["args"] = ["--max-num-seqs", "64"]
+    stored["metadata"]["generation"] = 2
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    applied = {name for verb, kind, name in fake.writes() if verb == "apply" and kind == "Deployment"}
+    assert applied == {"g-prefill", "g-decode"}  # the frontend's Deployment does not run the engine
+
+
+def test_a_stale_cache_neither_creates_twice_nor_repeats_events() -> None:
+    """Right after our writes the watch has not caught up: the cache serves what the API answered us."""
+    fake = FakeApi()
+    fake.put(graph_manifest())
+    frozen: dict[str, Mapping[cache.IndexKey, list[Manifest]]] = {
+        index_id: dict(index) for index_id, index in WatchedIndexes(fake).items()}  # the world before any write
+    graphs = reconciler.GraphReconciler(fake, cache=cache.GraphCache(frozen))  # type: ignore[arg-type]
+    asyncio.run(graphs.reconcile("ns", "g"))
+    events = [call for call in fake.calls if call[0] == "event"]
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    assert not [call for call in fake.calls if call[0] in ("create", "event")]
+    assert not [call for call in fake.calls if call[0] == "apply/status" and call[1] == api.GRAPH_KIND]
+    assert len(events) <= 1
+
+
+def test_a_deleted_predecessors_child_is_removed_not_reported_as_a_conflict() -> None:
+    fake, graphs = setup()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    watch_delivers(graphs, fake)
+    # The decode DynamoGraphComponent is deleted and at once recreated; its old children are not yet collected.
+    delete_by_hand(graphs, fake, api.COMPONENT_KIND, "g-decode")
+    fake.calls.clear()
+    with pytest.raises(reconciler.Superseded):
+        asyncio.run(graphs.reconcile("ns", "g"))
+    assert ("delete", "Deployment", "g-decode") in fake.calls
+    watch_delivers(graphs, fake)
+    for kind in ("Service", "PodDisruptionBudget"):  # what the garbage collector does meanwhile
+        fake.objects.pop((kind, "ns", "g-decode"))
+    asyncio.run(graphs.reconcile("ns", "g"))  # the next pass creates them under the new owner
+    owner = fake.objects[(api.COMPONENT_KIND, "ns", "g-decode")]["metadata"]["uid"]
+    assert reconciler.controller_uid(fake.objects[("Deployment", "ns", "g-decode")]) == owner
+
+
+def test_a_foreign_object_is_a_name_conflict_and_is_left_alone() -> None:
+    fake, graphs = setup()
+    fake.put({"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "g-frontend", "namespace": "ns", "labels": {contract.LABEL_GRAPH: "g"}}})
+    asyncio.run(graphs.reconcile("ns", "g"))
+    assert ("delete", "Service", "g-frontend") not in fake.calls
+    status = fake.objects[(api.GRAPH_KIND, "ns", "g")]["status"]
+    degraded = contract.find_condition(status["conditions"], "Degraded")
+    assert degraded is not None and degraded["reason"] == "NameConflict"
+    assert "components" not in status  # never an empty map: the API would store it as null and refuse it
