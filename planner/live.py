@@ -22,8 +22,8 @@ from typing import Any
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
 
+from fleetpilot import informer, perfmodel
 from fleetpilot import kube as kube_mod
-from fleetpilot import perfmodel
 from fleetpilot.api import contract
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
@@ -90,28 +90,46 @@ class LivePlanner:
         self.memory: dict[tuple[str, str], core.GraphMemory] = {}
         self.next_due: dict[tuple[str, str], float] = {}
         self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
+        # Graphs and their components, each kept by one watch per namespace instead of a LIST per tick.
+        self.graphs = informer.Store()
+        self.components = informer.Store()
+        self._informers = [
+            informer.Informer(kube, kind, namespace=namespace, store=store)
+            for namespace in self.namespaces
+            for kind, store in ((api.GRAPH_KIND, self.graphs), (api.COMPONENT_KIND, self.components))
+        ]
+        self._started = False
 
     async def run(self, stop: asyncio.Event, *, tick_s: float = 1.0) -> None:
         logger.info("planning graphs in %s with metrics from %s",
                     ", ".join(n or "all namespaces" for n in self.namespaces), self.observer.url)
-        while not stop.is_set():
-            try:
+        try:
+            while not stop.is_set():
                 await self.tick()
-            except kube_mod.ApiError as error:
-                ERRORS.labels("kubernetes").inc()
-                logger.warning("listing graphs failed: %s", error)
-            try:
-                await asyncio.wait_for(stop.wait(), tick_s)
-            except TimeoutError:
-                pass
+                try:
+                    await asyncio.wait_for(stop.wait(), tick_s)
+                except TimeoutError:
+                    pass
+        finally:
+            await self.close()
+
+    async def sync(self) -> None:
+        """Start the watches once, and wait until each has listed."""
+        if not self._started:
+            self._started = True
+            for watcher in self._informers:
+                await watcher.start()
+        await asyncio.gather(*(watcher.synced.wait() for watcher in self._informers))
+
+    async def close(self) -> None:
+        for watcher in self._informers:
+            await watcher.stop()
 
     async def tick(self) -> None:
         """Plan every graph whose interval is due."""
-        graphs: list[dict[str, Any]] = []
-        for namespace in self.namespaces:
-            graphs += await self.kube.list("DynamoGraph", namespace)
+        await self.sync()
         now = time.monotonic()
-        for body in graphs:
+        for body in sorted(self.graphs.objects(), key=informer.object_key):
             key = (body["metadata"]["namespace"], body["metadata"]["name"])
             mode = body.get("spec", {}).get("planner", {}).get("mode", "off")
             if mode == "off" or body["metadata"].get("deletionTimestamp") or self.next_due.get(key, 0) > now:
@@ -160,15 +178,12 @@ class LivePlanner:
         current: dict[sizing.Pool, int] = {}
         ready: dict[sizing.Pool, int] = {}
         for pool, worker in graph.spec.components.workers().items():
-            name = f"{graph.metadata.name}-{pool}"
-            try:
-                dgc = await self.kube.get("DynamoGraphComponent", graph.metadata.namespace, name)
-                current[pool] = int(dgc["spec"]["replicas"])
-                ready[pool] = int(dgc.get("status", {}).get("readyReplicas", current[pool]))
-            except kube_mod.ApiError as error:
-                if not error.not_found:
-                    raise
+            dgc = self.components.get(graph.metadata.namespace, contract.child_name(graph.metadata.name, pool))
+            if dgc is None:
                 current[pool] = ready[pool] = worker.replicas  # the operator has not made it yet
+                continue
+            current[pool] = int(dgc["spec"]["replicas"])
+            ready[pool] = int(dgc.get("status", {}).get("readyReplicas", current[pool]))
         return current, ready
 
     async def plan_graph(self, body: dict[str, Any]) -> core.Plan | None:
@@ -219,7 +234,7 @@ class LivePlanner:
         changed = {pool: n for pool, n in plan.replicas.items() if n != current.get(pool)}
         if config.mode == "sla":
             for pool, replicas in changed.items():
-                await self.kube.patch("DynamoGraphComponent", namespace, f"{name}-{pool}",
+                await self.kube.patch("DynamoGraphComponent", namespace, contract.child_name(name, pool),
                                       {"spec": {"replicas": replicas}}, subresource="scale")
             if changed:
                 await self._event(body, "Scaled", ", ".join(f"{p} {current[p]}→{n}" for p, n in changed.items())

@@ -456,9 +456,9 @@ def _frontend_role_rules() -> list[tuple[str, str, str]]:
 def test_planner_rbac_never_writes_a_graph_spec() -> None:
     docs = render_chart()
     assert _grants(_rules(docs, "fleetpilot-planner")) == {
-        ("fleetpilot.dev", "dynamographs"): {"list"},
+        ("fleetpilot.dev", "dynamographs"): {"list", "watch"},
         ("fleetpilot.dev", "dynamographs/status"): {"patch"},
-        ("fleetpilot.dev", "dynamographcomponents"): {"get"},
+        ("fleetpilot.dev", "dynamographcomponents"): {"list", "watch"},
         ("fleetpilot.dev", "dynamographcomponents/scale"): {"patch"},
         ("", "configmaps"): {"get"},
         ("", "events"): {"create"},
