@@ -377,7 +377,8 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
     """
     import loadgen  # e2e/ is on sys.path, as for every module here
 
-    from fleetpilot.planner import backtest, fleetsim, policies, predict
+    from fleetpilot.planner import predict
+    from fleetpilot.planner.backtest import driver, fleetsim, policies
     from fleetpilot.replay import traces
 
     requests = loadgen.load_requests(trace, model="e2e-ramp", isl=scenario.isl, osl=scenario.osl,
@@ -394,8 +395,8 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
     start = {"prefill": bounds["prefill"][0], "decode": bounds["decode"][0]}
     policy = policies.Fleetpilot(setting, predict.make_predictor("constant"), predictor_name="constant",
                                  headroom=0.1, initial=start, hold_s=scenario.hold_s * k)
-    fleet = backtest.RequestFleet(fleetsim.FleetConfig(timing=model, startup_s=scenario.startup_s * k),
-                                  simulated, start)
-    result = backtest.run(fleet, policy, duration_s=scenario.duration_s * k, interval_s=scenario.interval_s * k,
-                          sla=sla)
+    fleet = driver.RequestFleet(fleetsim.FleetConfig(timing=model, startup_s=scenario.startup_s * k),
+                                simulated, start)
+    result = driver.run(fleet, policy, duration_s=scenario.duration_s * k, interval_s=scenario.interval_s * k,
+                        sla=sla)
     return result.good / max(result.requests, 1)

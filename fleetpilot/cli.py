@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from fleetpilot.devcluster import cluster
     from fleetpilot.frontend import cli as frontend_cli
-    from fleetpilot.planner import main as planner_main
+    from fleetpilot.planner import cli as planner_cli
     from fleetpilot.replay import cli as replay_cli
     from fleetpilot.sim import cli as sim_cli
 
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     frontend_cli.add_parser(sub)
     sim_cli.add_parser(sub)
     replay_cli.add_parser(sub)
-    planner_main.add_parser(sub)
+    planner_cli.add_parser(sub)
     return parser
 
 

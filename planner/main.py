@@ -11,13 +11,11 @@ import argparse
 import asyncio
 import logging
 import signal
-from typing import Any
 
 import prometheus_client
 
 from fleetpilot import leader
 from fleetpilot.api import contract
-from fleetpilot.planner import backtest_cli
 
 
 async def _main(args: argparse.Namespace) -> None:
@@ -62,9 +60,6 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.action == "backtest":
-        from fleetpilot.planner import backtest_cli
-        return backtest_cli.run(args)
     if not args.prometheus_url:
         raise SystemExit("fleetpilot planner run: --prometheus-url is required, e.g. http://prometheus.monitoring:9090")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -76,10 +71,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("planner", help="the SLA planner for every graph with spec.planner.mode not off")
-    parser.add_argument("action", choices=["run", "backtest"],
-                        help="run: plan live from Prometheus; backtest: replay a trace through a simulated fleet")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `fleetpilot planner run` (`planner.cli` puts them beside the backtest's)."""
     parser.add_argument("--prometheus-url", help="run: e.g. http://prometheus.monitoring:9090")
     parser.add_argument("--namespace", "-n", action="append", default=[], help="plan only these (repeatable)")
     parser.add_argument("--startup-seconds", type=float, default=120.0,
@@ -90,5 +83,3 @@ def add_parser(sub: Any) -> None:
                         help="a GPU budget graphs share by naming it in spec.planner.budget (repeatable)")
     parser.add_argument("--metrics-port", type=int, default=8081, help="Prometheus metrics port (0: off)")
     leader.add_arguments(parser, lease_name=contract.PLANNER)
-    backtest_cli.add_arguments(parser)
-    parser.set_defaults(func=run)

@@ -10,7 +10,7 @@ import pytest
 
 from fleetpilot import perfmodel
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import backtest, evaluate, fleetsim, fluid, policies
+from fleetpilot.planner.backtest import driver, evaluate, fleetsim, fluid, policies
 from fleetpilot.replay.traces import Request
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -53,8 +53,8 @@ def test_every_arrival_finishes_or_is_counted_failed_through_scale_downs() -> No
     # One request that no decode replica's KV cache can ever hold.
     too_big = Request(150.0, TIMING.kv_capacity_tokens(), 10)
     requests = sorted([*requests, too_big], key=lambda r: r.arrival_s)
-    fleet = backtest.RequestFleet(CONFIG, requests, Seesaw().initial())
-    result = backtest.run(fleet, Seesaw(), duration_s=300, interval_s=20, sla=SLA)
+    fleet = driver.RequestFleet(CONFIG, requests, Seesaw().initial())
+    result = driver.run(fleet, Seesaw(), duration_s=300, interval_s=20, sla=SLA)
 
     outcomes = fleet.outcomes()
     finished = np.isfinite(outcomes.itl) & np.isfinite(outcomes.ttft)
@@ -126,7 +126,7 @@ def test_window_attainment_counts_only_windows_with_requests() -> None:
     outcomes = fleetsim.RequestOutcomes(
         arrival=np.array([1.0, 2.0, 130.0]), ttft=np.array([0.1, 0.2, 0.9]), itl=np.array([0.01, 0.01, 0.01]),
         failed=np.array([False, False, False]), isl=np.ones(3), osl=np.full(3, 10.0))
-    scores = backtest.score_requests(outcomes, 60.0, SLA, duration_s=180.0)
+    scores = driver.score_requests(outcomes, 60.0, SLA, duration_s=180.0)
     assert list(scores.requests) == [2, 0, 1]
     assert list(scores.met) == [True, False, False]
     assert scores.attainment == 0.5
@@ -134,15 +134,15 @@ def test_window_attainment_counts_only_windows_with_requests() -> None:
 
 
 def test_gpu_hours_at_interpolates_along_the_best_curve() -> None:
-    def result(gpu_hours: float, attainment: float) -> backtest.RunResult:
+    def result(gpu_hours: float, attainment: float) -> driver.RunResult:
         empty = np.zeros(0)
-        timeline = backtest.Timeline(empty, empty, empty, {}, {}, empty, empty)
-        return backtest.RunResult("p", 0, gpu_hours, attainment, 1, 1, 0, 0, timeline)
+        timeline = driver.Timeline(empty, empty, empty, {}, {}, empty, empty)
+        return driver.RunResult("p", 0, gpu_hours, attainment, 1, 1, 0, 0, timeline)
 
     curve = [result(1.0, 0.5), result(2.0, 0.98), result(3.0, 1.0), result(2.5, 0.9)]
-    assert backtest.gpu_hours_at(curve, 0.99) == pytest.approx(2.5)
-    assert backtest.gpu_hours_at(curve, 0.5) == 1.0
-    assert backtest.gpu_hours_at([result(1.0, 0.5)], 0.99) is None
+    assert driver.gpu_hours_at(curve, 0.99) == pytest.approx(2.5)
+    assert driver.gpu_hours_at(curve, 0.5) == 1.0
+    assert driver.gpu_hours_at([result(1.0, 0.5)], 0.99) is None
 
 
 def test_lookahead_asks_for_the_highest_need_until_new_replicas_can_be_ready() -> None:
@@ -192,7 +192,7 @@ def test_no_policy_beats_the_oracle_on_gpu_hours_at_equal_attainment(azure_scena
         for run in evaluate.run_group(azure_scenario, group, knobs=knobs).results:
             if run.attainment < floor:
                 continue
-            at = backtest.gpu_hours_at(oracle, run.attainment)
+            at = driver.gpu_hours_at(oracle, run.attainment)
             assert at is not None and at <= run.gpu_hours + 1e-9, (group, run.knob, run.attainment, run.gpu_hours, at)
 
 

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetpilot.planner import evaluate  # numpy, statsmodels, prophet: only when asked
+    from fleetpilot.planner.backtest import evaluate  # numpy, statsmodels, prophet: only when asked
     from fleetpilot.replay import traces
 
     if args.trace is None or args.profile is None or args.sla is None:

@@ -26,8 +26,9 @@ from typing import Protocol
 import numpy as np
 
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import fleetsim, policies, predict
-from fleetpilot.planner.fleetsim import FLEET_POOLS, FleetPool, WindowStats
+from fleetpilot.planner import predict
+from fleetpilot.planner.backtest import fleetsim, policies
+from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
 from fleetpilot.replay.traces import Request
 
 

@@ -1,7 +1,7 @@
 """Evaluate scaling policies on a trace: build the scenario, sweep every policy's knob, score, plot.
 
 Where it sits: the adapter between files (traces, profiles, PNGs, Markdown) and the pure backtest
-(`backtest`, `fleetsim`, `fluid`, `policies`). `fleetpilot planner backtest` and
+(`driver`, `fleetsim`, `fluid`, `policies`). `fleetpilot planner backtest` and
 `benchmarks/backtest.py` both call it, so the command a user runs and the published benchmark are
 the same code.
 """
@@ -22,8 +22,9 @@ import numpy as np
 from fleetpilot import perfmodel
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import backtest, capacity, fleetsim, fluid, policies, predict
-from fleetpilot.planner.fleetsim import FleetPool
+from fleetpilot.planner import capacity, predict
+from fleetpilot.planner.backtest import driver, fleetsim, fluid, policies
+from fleetpilot.planner.backtest.fleetsim import FleetPool
 from fleetpilot.replay import traces
 
 Fidelity = Literal["request", "fluid"]
@@ -66,9 +67,9 @@ class Scenario:
     def horizon(self) -> int:
         return max(1, math.ceil(self.setting.startup_s / self.setting.interval_s))
 
-    def make_fleet(self, initial: Mapping[FleetPool, int]) -> backtest.FleetModel:
+    def make_fleet(self, initial: Mapping[FleetPool, int]) -> driver.FleetModel:
         if self.fidelity == "request":
-            return backtest.RequestFleet(self.fleet_config, self.requests, initial)
+            return driver.RequestFleet(self.fleet_config, self.requests, initial)
         assert self.counts is not None
         return fluid.FluidFleet(self.fleet_config, self.counts, step_s=self.step_s, isl_sample=self.isl_sample,
                                 osl_sample=self.osl_sample, initial=initial)
@@ -76,7 +77,7 @@ class Scenario:
     def needs(self, margin: float) -> list[dict[FleetPool, int]]:
         """The oracle's per-interval needs at this latency margin."""
         if self.fidelity == "request":
-            return backtest.request_needs(self.requests, self.fleet_config, self.setting, margin=margin)
+            return driver.request_needs(self.requests, self.fleet_config, self.setting, margin=margin)
         fleet = self.make_fleet({"prefill": 0, "decode": 0})
         assert isinstance(fleet, fluid.FluidFleet)
         return fluid.fluid_needs(fleet, interval_s=self.setting.interval_s, sla=self.sla, margin=margin,
@@ -190,7 +191,7 @@ def groups(predictors: Sequence[str]) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class GroupResult:
     name: str
-    results: list[backtest.RunResult]
+    results: list[driver.RunResult]
     seconds_per_run: float
     mape: float | None = None  # fleetpilot groups: forecast error at the planner's horizon
 
@@ -242,12 +243,12 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
     began = time.perf_counter()
     for knob in values:
         policy = factory(knob)
-        results.append(backtest.run(scenario.make_fleet(policy.initial()), policy, duration_s=scenario.duration_s,
+        results.append(driver.run(scenario.make_fleet(policy.initial()), policy, duration_s=scenario.duration_s,
                                     interval_s=setting.interval_s, sla=scenario.sla))
     seconds = (time.perf_counter() - began) / len(values)
     mape = None
     if memo is not None:
-        mape = backtest.forecast_mape(list(scenario.rates), memo, horizon=scenario.horizon,
+        mape = driver.forecast_mape(list(scenario.rates), memo, horizon=scenario.horizon,
                                       interval_s=setting.interval_s)
     return GroupResult(group, results, seconds, mape)
 
@@ -295,7 +296,7 @@ class Summary:
     policy: str
     gpu_hours_at_target: float | None
     best_attainment: float
-    cheapest_at_target: backtest.RunResult | None
+    cheapest_at_target: driver.RunResult | None
 
 
 def summarise(groups_done: Mapping[str, GroupResult], target: float) -> dict[str, Summary]:
@@ -303,7 +304,7 @@ def summarise(groups_done: Mapping[str, GroupResult], target: float) -> dict[str
     for name, group in groups_done.items():
         reaching = [r for r in group.results if r.attainment >= target]
         out[name] = Summary(
-            policy=name, gpu_hours_at_target=backtest.gpu_hours_at(group.results, target),
+            policy=name, gpu_hours_at_target=driver.gpu_hours_at(group.results, target),
             best_attainment=max(r.attainment for r in group.results),
             cheapest_at_target=min(reaching, key=lambda r: r.gpu_hours) if reaching else None,
         )
@@ -373,7 +374,7 @@ def markdown_section(scenario: Scenario, groups_done: Mapping[str, GroupResult],
 # -- plots ------------------------------------------------------------------------------------------------
 
 
-def plot_timeline(result: backtest.RunResult, scenario: Scenario, path: Path, *, title: str) -> None:
+def plot_timeline(result: driver.RunResult, scenario: Scenario, path: Path, *, title: str) -> None:
     """Offered load and forecast, prefill/decode replicas, and TTFT/ITL percentile against target."""
     import matplotlib
     matplotlib.use("Agg")

@@ -1,6 +1,6 @@
 """The fleet simulator: a disaggregated fleet serving a trace in simulated time, one request at a time.
 
-Where it sits: the backtest driver (`planner.backtest`) advances it interval by interval, reads what a
+Where it sits: the backtest driver (`driver`) advances it interval by interval, reads what a
 Prometheus would have seen (`window`), hands that to a scaling policy (the real planner core among
 them) and applies the replica targets the policy returns (`set_target`). Pure: no clock, no I/O; time
 is a float the caller moves forward, so an hour of traffic runs in about a second.

@@ -27,7 +27,7 @@ from typing import Protocol
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
 from fleetpilot.planner import core, predict, sizing
-from fleetpilot.planner.fleetsim import FLEET_POOLS, FleetPool, WindowStats
+from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
 
 Replicas = dict[FleetPool, int]
 

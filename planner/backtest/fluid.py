@@ -1,6 +1,6 @@
 """The fluid fleet: the same fleet as `fleetsim`, in steps of aggregate traffic instead of requests.
 
-Where it sits: `backtest` drives it exactly like the per-request simulator (it is a `FleetModel`), for
+Where it sits: `driver` drives it exactly like the per-request simulator (it is a `FleetModel`), for
 series too long to simulate request by request (14 days of ServeGen at tens of requests per second is
 tens of millions of requests; a sweep runs dozens of them). The per-request simulator is the reference:
 `benchmarks/backtest.py` runs both on the 1-hour traces and reports how far apart they are.
@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner.backtest import WindowScores
-from fleetpilot.planner.fleetsim import FLEET_POOLS, FleetConfig, FleetPool, WindowStats
+from fleetpilot.planner.backtest.driver import WindowScores
+from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetConfig, FleetPool, WindowStats
 
 _SAMPLE = 2000  # requests in the length sample; every percentile is read off it
 
