@@ -10,7 +10,6 @@ Run: `~/.cache/fleetpilot/venv/bin/python benchmarks/planner_bench.py [--interva
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the planner runs (fleetpilot/cli.py); before numpy
 
+from fleetpilot import traces
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity, core, live
 
@@ -30,8 +30,7 @@ def main() -> int:
     parser.add_argument("--rate-scale", type=float, default=0.1, help="scale ServeGen's rate to a fleet of ~8 GPUs")
     args = parser.parse_args()
 
-    with SERIES.open() as rows:
-        rates = [float(r["total_rate_rps"]) * args.rate_scale for r in csv.DictReader(rows) if r["model"] == "m-large"]
+    rates = [w.rate_rps * args.rate_scale for w in traces.load_rate_series(SERIES, model="m-large")]
     warm = 7 * 24 * 6
     model = capacity.CapacityModel(live.simulator_profile(1))
     print(f"planning time per graph per interval: ServeGen m-large x{args.rate_scale}, {warm} intervals of history,"

@@ -15,7 +15,6 @@ a 2-core machine; `OPENBLAS_NUM_THREADS=1` is printed with the table when set.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import statistics
@@ -23,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fleetpilot import traces
 from fleetpilot.planner import predict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,10 +35,7 @@ NAMES = ("constant", "arima", "kalman", "prophet")
 
 def load_rates(path: Path, model: str) -> list[float]:
     """The `total_rate_rps` column of one model, in time order."""
-    with path.open(newline="") as handle:
-        rows = [row for row in csv.DictReader(handle) if row["model"] == model]
-    rows.sort(key=lambda row: float(row["t_start_s"]))
-    return [float(row["total_rate_rps"]) for row in rows]
+    return [window.rate_rps for window in traces.load_rate_series(path, model=model)]
 
 
 def origins(length: int, *, count: int, steps: int) -> list[int]:

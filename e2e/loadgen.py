@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from fleetpilot.replay import client, report, traces
+from fleetpilot import traces
+from fleetpilot.replay import client, report
 
 
 def load_requests(trace: Path, *, model: str, isl: float, osl: float, sigma: float, seed: int) -> list[traces.Request]:

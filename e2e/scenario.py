@@ -377,9 +377,9 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
     """
     import loadgen  # e2e/ is on sys.path, as for every module here
 
+    from fleetpilot import traces
     from fleetpilot.planner import predict
     from fleetpilot.planner.backtest import driver, fleetsim, policies
-    from fleetpilot.replay import traces
 
     requests = loadgen.load_requests(trace, model="e2e-ramp", isl=scenario.isl, osl=scenario.osl,
                                      sigma=scenario.length_sigma, seed=scenario.seed)

@@ -20,7 +20,8 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fleetpilot.replay import client, report, traces
+from fleetpilot import traces
+from fleetpilot.replay import client, report
 
 EXIT_INTERRUPTED = 130  # what a shell reports for a process ended by SIGINT
 

@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 import httpx
 
-from fleetpilot.replay import prompts, traces
+from fleetpilot import traces
+from fleetpilot.replay import prompts
 
 Status = Literal["ok", "error", "cancelled"]
 ERROR_BODY_BYTES = 2048  # enough of an error response to say what went wrong

@@ -20,7 +20,7 @@ import hashlib
 
 import numpy as np
 
-from fleetpilot.replay import traces
+from fleetpilot import traces
 
 # Lower-case, common and short: one token each, with the leading space, in the tokenizers we serve.
 _WORDS = """

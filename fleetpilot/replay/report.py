@@ -21,7 +21,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 
 if TYPE_CHECKING:  # only for annotations: the report needs no HTTP client
-    from fleetpilot.replay import client, traces
+    from fleetpilot import traces
+    from fleetpilot.replay import client
 
 PERCENTILES = (50, 90, 95, 99)
 _SLA_PART = re.compile(r"^\s*(?P<key>[a-z_][a-z0-9_]*)\s*[=:]\s*(?P<value>[0-9.]+)\s*(?P<unit>ms|s)?\s*$")

@@ -61,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fleetpilot import traces
     from fleetpilot.planner.backtest import evaluate  # numpy, statsmodels, prophet: only when asked
-    from fleetpilot.replay import traces
 
     if args.trace is None or args.profile is None or args.sla is None:
         raise SystemExit("fleetpilot planner backtest: --trace, --profile and --sla are required")
@@ -72,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"fleetpilot planner backtest: unknown predictor(s) {', '.join(sorted(unknown))}; "
                          f"choose from {', '.join(evaluate.PREDICTORS)}")
-    with args.trace.open(encoding="utf-8-sig") as file:
-        trace_format = traces.detect_format(args.trace.name, file.readline())
-    if trace_format == "servegen":
+    if traces.file_format(args.trace) == "servegen":
         scenario = evaluate.scenario_from_servegen(
             args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
             interval_s=args.interval or 600.0, startup_s=args.startup_seconds)

@@ -29,7 +29,7 @@ from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import predict
 from fleetpilot.planner.backtest import fleetsim, policies
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
-from fleetpilot.replay.traces import Request
+from fleetpilot.traces import Request
 
 
 class FleetModel(Protocol):

@@ -19,13 +19,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fleetpilot import perfmodel
+from fleetpilot import perfmodel, traces
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity, predict
 from fleetpilot.planner.backtest import driver, fleetsim, fluid, policies
 from fleetpilot.planner.backtest.fleetsim import FleetPool
-from fleetpilot.replay import traces
 
 Fidelity = Literal["request", "fluid"]
 PREDICTORS = ("constant", "arima", "kalman", "prophet")
@@ -146,11 +145,9 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
     """The ServeGen rate series as a fluid: Poisson arrival counts per step at rate × `rate_factor`,
     lengths drawn from `synthesis` (the series has none)."""
     synthesis = synthesis or traces.Synthesis()
-    with path.open() as file:
-        windows = [w for w in traces.parse_servegen(file) if w.model == model]
+    windows = traces.load_rate_series(path, model=model)
     if not windows:
         raise ValueError(f"{path}: no model {model!r}")
-    windows.sort(key=lambda w: w.t_start_s)
     length = traces.window_length([w.t_start_s for w in windows])
     per = max(1, round(length / step_s))
     step_rates = np.repeat([w.rate_rps * rate_factor for w in windows], per)

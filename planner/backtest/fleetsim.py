@@ -43,7 +43,7 @@ from typing import Literal
 import numpy as np
 
 from fleetpilot import perfmodel
-from fleetpilot.replay.traces import Request
+from fleetpilot.traces import Request
 
 FleetPool = Literal["prefill", "decode"]
 FLEET_POOLS: tuple[FleetPool, ...] = ("prefill", "decode")

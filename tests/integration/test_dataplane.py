@@ -232,7 +232,8 @@ def test_replaying_a_minute_of_the_azure_trace_counts_every_request(tmp_path: Pa
     """
     import asyncio
 
-    from fleetpilot.replay import client, report, traces
+    from fleetpilot import traces
+    from fleetpilot.replay import client, report
 
     speedup = 2
     trace = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "azure_llm_2023" / \
@@ -267,7 +268,8 @@ def test_prefix_hit_rate_through_the_frontend_on_mooncake(tmp_path: Path) -> Non
     """
     import asyncio
 
-    from fleetpilot.replay import client, traces
+    from fleetpilot import traces
+    from fleetpilot.replay import client
 
     trace = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_fast25" / \
         "conversation_trace.jsonl"

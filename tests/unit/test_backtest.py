@@ -11,7 +11,7 @@ import pytest
 from fleetpilot import perfmodel
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner.backtest import driver, evaluate, fleetsim, fluid, policies
-from fleetpilot.replay.traces import Request
+from fleetpilot.traces import Request
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 TIMING = perfmodel.PerformanceModel(perfmodel.MODELS["llama-3.1-8b"], perfmodel.GPUS["h200-sxm"])

@@ -32,7 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from fleetpilot.replay import cli, client, report, traces
+from fleetpilot import traces
+from fleetpilot.replay import cli, client, report
 
 AZURE = (
     Path(__file__).resolve().parents[2].parent

@@ -1,14 +1,17 @@
-"""The first step of a replay: read a public trace into requests, then reshape it for the run.
+"""Trace files: read a public workload trace into requests, then reshape it for a run.
 
+Where it sits: the one reader of trace files, for `fleetpilot replay` (which sends the requests to a
+frontend), the planner backtest (which runs them through a simulated fleet) and the benchmarks.
 Three formats live in `../shared/traces/` (see its README): the Azure LLM 2023 CSV and the Mooncake
 JSONL list requests; the ServeGen CSV only gives a request rate per 10-minute window, so requests are
-synthesised from it (Poisson arrivals, lengths from a stated distribution). Every reader returns
-`Request`s sorted by arrival, in seconds from the first request (for ServeGen: from the start of the
-chosen window of the series).
+synthesised from it (Poisson arrivals, lengths from a stated distribution), or the series is read as
+it is (`load_rate_series`). Every request reader returns `Request`s sorted by arrival, in seconds from
+the first request (for ServeGen: from the start of the chosen window of the series).
 
 Then `prepare` cuts a window of trace time, scales the rate (thinning or replication) and the time
-(compression), and caps the count. Everything here is pure except `load`, the one function that
-opens a file; random choices come from a seeded numpy Generator, so a replay is repeatable.
+(compression), and caps the count. Everything here is pure except the last section's three functions
+(`file_format`, `load_rate_series`, `load`), the only ones that open a file; random choices come from
+a seeded numpy Generator, so a replay is repeatable.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, TextIO, get_args
 
 import numpy as np
 
@@ -344,7 +347,25 @@ def prepare(requests: Sequence[Request], shape: Shape) -> list[Request]:
     return shaped[: shape.max_requests] if shape.max_requests is not None else shaped
 
 
-# -- the one function that reads a file ------------------------------------------------------------
+# -- the functions that read a file ----------------------------------------------------------------
+
+
+def _open(path: Path) -> TextIO:
+    return path.open(encoding="utf-8-sig")  # -sig: a BOM is no part of the header
+
+
+def file_format(path: str | Path) -> TraceFormat:
+    """The format of a trace file, told by its name and first line."""
+    path = Path(path)
+    with _open(path) as file:
+        return detect_format(path.name, file.readline())
+
+
+def load_rate_series(path: str | Path, *, model: str) -> list[RateWindow]:
+    """One model's windows of a ServeGen rate series, by start time, as the file states them (no synthesis)."""
+    with _open(Path(path)) as file:
+        windows = [w for w in parse_servegen(file) if w.model == model]
+    return sorted(windows, key=lambda w: w.t_start_s)
 
 
 def load(
@@ -361,7 +382,7 @@ def load(
     series is synthesised with `synthesis`, inside `shape`'s window and at its rate factor.
     """
     path = Path(path)
-    with path.open(encoding="utf-8-sig") as file:  # -sig: a BOM is no part of the header
+    with _open(path) as file:
         first = file.readline()
         chosen = trace_format or detect_format(path.name, first)
         body = itertools.chain([first], file)

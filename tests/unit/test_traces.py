@@ -1,4 +1,4 @@
-"""Reading and shaping traces, and the prompts built from them (fleetpilot.replay.traces, .prompts).
+"""Reading and shaping traces, and the prompts built from them (fleetpilot.traces, fleetpilot.replay.prompts).
 
 The readers run on slices of the real files in ../shared/traces; the expected values were read from
 those files independently (pandas and the JSON rows by eye), not from the readers.
@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleetpilot.replay import prompts, traces
+from fleetpilot import traces
+from fleetpilot.replay import prompts
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 AZURE = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
@@ -96,6 +97,20 @@ def test_servegen_series() -> None:
 def test_format_detected_from_the_file(path: Path, expected: str) -> None:
     with path.open() as file:
         assert traces.detect_format(path.name, file.readline()) == expected
+    assert traces.file_format(path) == expected
+
+
+def test_a_rate_series_is_read_as_stated_one_model_in_time_order(tmp_path: Path) -> None:
+    series = tmp_path / "rates.csv"
+    # A BOM, rows out of order and two models: what the file says, for one model, by start time.
+    series.write_text("\ufeffmodel,t_start_s,total_rate_rps,active_clients\n"
+                      "a,600,2.5,1\nb,0,9,1\na,0,1.5,2\n", encoding="utf-8")
+    assert traces.file_format(series) == "servegen"
+    assert traces.load_rate_series(series, model="a") == [
+        traces.RateWindow(model="a", t_start_s=0.0, rate_rps=1.5, active_clients=2),
+        traces.RateWindow(model="a", t_start_s=600.0, rate_rps=2.5, active_clients=1),
+    ]
+    assert traces.load_rate_series(series, model="c") == []
 
 
 def test_format_detection_and_override() -> None:
