@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from fleetpilot import perfmodel
+from fleetpilot import perfmodel, plots
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
@@ -323,17 +323,16 @@ def write_results(name: str, folder: Path, *, scenario: ClosedLoop, rows: list[d
     folder.mkdir(parents=True, exist_ok=True)
     document = {"scenario": dataclasses.asdict(scenario), "summary": summary, "timeline": rows, **extra}
     (folder / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
-    plot(rows, folder / f"{name}.png", scenario=scenario, title=name, marks=marks or {})
+    if not plot(rows, folder / f"{name}.png", scenario=scenario, title=name, marks=marks or {}):
+        print(plots.skipped_note(f"{name}.png"))
     return folder / f"{name}.json"
 
 
 def plot(rows: list[dict[str, Any]], path: Path, *, scenario: ClosedLoop, title: str,
-         marks: dict[str, float]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+         marks: dict[str, float]) -> bool:
+    plt = plots.pyplot()
+    if plt is None:
+        return False
     t = [r["t_s"] for r in rows]
     figure, (load_ax, replica_ax, ttft_ax, itl_ax) = plt.subplots(4, 1, sharex=True, figsize=(10, 11))
     load_ax.step(t, [r["offered_rps"] for r in rows], where="post", label="offered (client)")
@@ -362,6 +361,7 @@ def plot(rows: list[dict[str, Any]], path: Path, *, scenario: ClosedLoop, title:
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)
+    return True
 
 
 # -- what the backtest predicts for the same run --------------------------------------------------------------

@@ -5,8 +5,9 @@
 
 Replays the trace through the simulated fleet with every policy at every knob setting (the real
 planner core among them), prints SLA attainment, GPU-hours, goodput per GPU-hour and scaling actions,
-the GPU-hours each policy needs for the target attainment, and writes a timeline and a cost–attainment
-PNG. A ServeGen rate series runs on the fluid fleet model; request traces run request by request.
+the GPU-hours each policy needs for the target attainment, and writes them as Markdown with a timeline
+and a cost–attainment PNG (the PNGs need the `plots` extra; without it the report says they were
+skipped). A ServeGen rate series runs on the fluid fleet model; request traces run request by request.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetpilot import traces
+    from fleetpilot import plots, traces
     from fleetpilot.planner.backtest import evaluate  # numpy, statsmodels, prophet: only when asked
 
     if args.trace is None or args.profile is None or args.sla is None:
@@ -87,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     best = evaluate.best_fleetpilot(summary) or f"fleetpilot-{predictors[0]}"
     chosen = summary[best].cheapest_at_target or max(done[best].results, key=lambda r: r.attainment)
-    evaluate.plot_timeline(chosen, scenario, args.out / "timeline.png", title=f"{scenario.name}: {best}")
-    evaluate.plot_curves(scenario, done, args.out / "curves.png", target=args.target)
-    report = evaluate.markdown_section(scenario, done, target=args.target,
-                                       png={"timeline": "timeline.png", "cost vs attainment": "curves.png"})
+    drawn = evaluate.draw(scenario, done, args.out, target=args.target, chosen=chosen, title=f"{scenario.name}: {best}")
+    report = evaluate.markdown_section(scenario, done, target=args.target, png=drawn)
+    if not drawn:
+        note = plots.skipped_note("timeline.png, curves.png")
+        report += f"\n{note}\n"
+        print(note)
     (args.out / "backtest.md").write_text(report)
-    print(f"wrote {args.out / 'backtest.md'}, timeline.png, curves.png")
+    print(f"wrote {args.out / 'backtest.md'}" + "".join(f", {name}" for name in drawn.values()))
     return 0
 
 

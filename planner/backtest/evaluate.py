@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fleetpilot import perfmodel, traces
+from fleetpilot import perfmodel, plots, traces
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity, predict
@@ -371,12 +371,30 @@ def markdown_section(scenario: Scenario, groups_done: Mapping[str, GroupResult],
 # -- plots ------------------------------------------------------------------------------------------------
 
 
-def plot_timeline(result: driver.RunResult, scenario: Scenario, path: Path, *, title: str) -> None:
-    """Offered load and forecast, prefill/decode replicas, and TTFT/ITL percentile against target."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw(scenario: Scenario, groups_done: Mapping[str, GroupResult], folder: Path, *, target: float,
+         chosen: driver.RunResult, title: str, timeline: tuple[str, str] = ("timeline", "timeline.png"),
+         curves: tuple[str, str] = ("cost vs attainment", "curves.png")) -> dict[str, str]:
+    """Draw `chosen`'s timeline and every policy's cost curve into `folder`.
 
+    `timeline` and `curves` are (caption, file name). Returns {caption: file name} of what was drawn,
+    for `markdown_section`: empty when matplotlib is not installed (the caller says so).
+    """
+    drawn = {}
+    if plot_timeline(chosen, scenario, folder / timeline[1], title=title):
+        drawn[timeline[0]] = timeline[1]
+    if plot_curves(scenario, groups_done, folder / curves[1], target=target):
+        drawn[curves[0]] = curves[1]
+    return drawn
+
+
+def plot_timeline(result: driver.RunResult, scenario: Scenario, path: Path, *, title: str) -> bool:
+    """Offered load and forecast, prefill/decode replicas, and TTFT/ITL percentile against target.
+
+    False (and no file) when matplotlib is not installed: see `fleetpilot.plots`.
+    """
+    plt = plots.pyplot()
+    if plt is None:
+        return False
     t = result.timeline
     hours = t.time / 3600.0
     fig, axes = plt.subplots(4, 1, figsize=(11, 9), sharex=True)
@@ -404,14 +422,14 @@ def plot_timeline(result: driver.RunResult, scenario: Scenario, path: Path, *, t
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return True
 
 
-def plot_curves(scenario: Scenario, groups_done: Mapping[str, GroupResult], path: Path, *, target: float) -> None:
-    """Cost–attainment curves: one line per policy, one point per knob setting."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_curves(scenario: Scenario, groups_done: Mapping[str, GroupResult], path: Path, *, target: float) -> bool:
+    """Cost–attainment curves: one line per policy, one point per knob setting (False: no matplotlib)."""
+    plt = plots.pyplot()
+    if plt is None:
+        return False
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for name, group in groups_done.items():
         points = sorted((r.gpu_hours, r.attainment) for r in group.results)
@@ -426,3 +444,4 @@ def plot_curves(scenario: Scenario, groups_done: Mapping[str, GroupResult], path
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -203,3 +204,40 @@ def test_the_planner_in_the_loop_scales_with_the_load(azure_scenario: evaluate.S
     assert run.actions > 0
     assert math.isfinite(run.gpu_hours) and run.gpu_hours > 0
     assert 0 < run.attainment <= 1
+
+
+# -- without matplotlib ------------------------------------------------------------------------------------
+
+
+def azure_csv(path: Path, requests: list[Request]) -> Path:
+    """`requests` as an Azure LLM trace file (the format's 7-digit fraction of a second)."""
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for r in requests:
+        whole, fraction = divmod(round(r.arrival_s * 10**7), 10**7)
+        rows.append(f"2023-11-16 18:{whole // 60:02d}:{whole % 60:02d}.{fraction:07d},{r.input_tokens},{r.output_tokens}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_without_matplotlib_the_backtest_writes_its_tables_and_says_plots_were_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetpilot import cli, plots
+
+    # None in sys.modules makes `import matplotlib` (and any submodule) raise ImportError.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    assert plots.pyplot() is None
+    trace = azure_csv(tmp_path / "tiny.csv", poisson_trace(2.0, 300, seed=5))
+    out = tmp_path / "out"
+    code = cli.main(["planner", "backtest", "--trace", str(trace), "--sla", "ttft=500ms,itl=50ms,p=90",
+                     "--profile", str(TRACES / "calibration" / "h200_llama31_8b_fp8_vllm"),
+                     "--predictors", "constant", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "GPU-hours at 99% SLA attainment" in printed  # the table
+    assert printed.count("plots skipped") == 1 and "pip install 'fleetpilot[plots]'" in printed
+    report = (out / "backtest.md").read_text()
+    assert "| fleetpilot-constant |" in report and "| oracle |" in report
+    assert "plots skipped" in report and "![" not in report  # no image links to files never drawn
+    assert not list(out.glob("*.png"))
