@@ -148,17 +148,6 @@ def min_gpus(config: GraphPlanConfig) -> int:
     return sum(bound.min_replicas * config.gpus_per_replica[pool] for pool, bound in config.bounds.items())
 
 
-def budget_share(
-    claims: Mapping[str, sizing.BudgetClaim], *, graph: str, total: int, own_cap: int | None
-) -> tuple[int, str]:
-    """This graph's share of a budget shared with the others that name it (their last claims)."""
-    split = sizing.split_budget(list(claims.values()), total)
-    share = split.gpus.get(graph, total)
-    if own_cap is not None and own_cap < share:
-        return own_cap, f"gpuBudget {own_cap} (below its {share}-GPU share of the shared budget)"
-    return share, split.reasons.get(graph, "")
-
-
 def plan_interval(
     config: GraphPlanConfig,
     observation: Observation,

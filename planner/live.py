@@ -27,6 +27,7 @@ from fleetpilot import kube as kube_mod
 from fleetpilot.api import contract
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import capacity as capacities
 from fleetpilot.planner import core, sizing
 from fleetpilot.planner.observe import PrometheusObserver
@@ -79,9 +80,8 @@ class LivePlanner:
         # With leader election, whether this replica still holds the Lease: checked before planning a
         # graph and again before writing, since observing Prometheus can take a while.
         self.may_act = may_act
-        self.budgets = budgets or {}
-        # Each graph's last claim on its shared budget; a graph's share uses the others' latest claims.
-        self.claims: dict[str, dict[str, sizing.BudgetClaim]] = {}
+        # The shared GPU budgets and each graph's last claim: a graph's share uses the others' latest claims.
+        self.ledger = budget_mod.BudgetLedger(budgets or {})
         self.kube = kube
         self.observer = observer
         self.namespaces = namespaces or [None]  # type: ignore[list-item]
@@ -193,20 +193,19 @@ class LivePlanner:
         config = core.config_from_spec(graph.spec, startup_s=self.startup_s, hold_s=self.hold_s)
         budget_note = ""
         budget = graph.spec.planner.budget
-        if budget is not None:
-            if budget not in self.budgets:
+        if budget is None:
+            self.ledger.release(f"{namespace}/{name}")  # it named one before: its share goes back
+        else:
+            if budget not in self.ledger:
                 await self._report(body, plan=None, active=False, reason="UnknownBudget",
                                    message=f"spec.planner.budget {budget!r} is not one of the planner's budgets"
-                                   f" ({', '.join(sorted(self.budgets)) or 'none'}); start the planner with"
+                                   f" ({', '.join(sorted(self.ledger.budgets)) or 'none'}); start the planner with"
                                    f" --gpu-budget {budget}=GPUS")
                 return None
-            claims = self.claims.setdefault(budget, {})
-            claims.setdefault(f"{namespace}/{name}", sizing.BudgetClaim(
-                graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
-                wanted_gpus=core.min_gpus(config)))
-            share, budget_note = core.budget_share(claims, graph=f"{namespace}/{name}", total=self.budgets[budget],
-                                                   own_cap=config.gpu_budget)
-            config = dataclasses.replace(config, gpu_budget=share)
+            grant = self.ledger.grant(budget, graph=f"{namespace}/{name}", priority=graph.spec.planner.priority,
+                                      min_gpus=core.min_gpus(config), own_cap=config.gpu_budget)
+            budget_note = grant.reason
+            config = dataclasses.replace(config, gpu_budget=grant.gpus)
         try:
             capacity = await self._capacity(graph)
         except ProfileError as error:
@@ -221,9 +220,9 @@ class LivePlanner:
             config, observation, self.memory.get(key, core.GraphMemory()), current=current, capacity=capacity,
             now=time.monotonic(), ready=ready)
         if budget is not None and plan.wanted_gpus is not None:
-            self.claims[budget][f"{namespace}/{name}"] = sizing.BudgetClaim(
+            self.ledger.claim(budget, budget_mod.BudgetClaim(
                 graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
-                wanted_gpus=plan.wanted_gpus)
+                wanted_gpus=plan.wanted_gpus))
         if budget_note:
             plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
         if not self.may_act():

@@ -5,7 +5,7 @@ Where it sits: after `predict` has turned the observed metrics into the next int
 returns the replicas each pool needs (`Desired`). `constrain` turns that into what the planner will
 actually write to each DynamoGraphComponent's /scale (`Decision`): within the graph's min/max, within
 its GPU budget, scaling up at once and down only after a hold period, one bounded step at a time.
-Graphs that share a budget get their share from `split_budget` first. Everything here is a pure
+Graphs that share a budget get their share from `budget.BudgetLedger` first. Everything here is a pure
 function of plain data; the hysteresis memory is a `ScaleDownState` value the caller carries from one
 interval to the next (in live mode, in the graph's status), so a restarted planner loses nothing it
 cannot re-read. Every result carries the reason the planner writes into the graph's status.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Literal
 
 from fleetpilot.api import v1alpha1
@@ -404,95 +404,3 @@ def _fit_budget(
             + ": raise the budget or lower scaling.min"
         ]
     return [f"GPU budget {budget}: {needed} GPUs wanted, cut {cuts} (most slack relative to need first)"]
-
-
-# -- sharing a budget between graphs ------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class BudgetClaim:
-    """One graph's claim on a shared GPU budget: its priority, its minimum, and what it wants.
-
-    `min_gpus` is what the graph's scaling.min replicas use; `wanted_gpus` what its constrained
-    decision would use without the budget (run `constrain` with gpu_budget=None to get it).
-    """
-
-    graph: str
-    priority: int
-    min_gpus: int
-    wanted_gpus: int
-
-
-@dataclasses.dataclass(frozen=True)
-class BudgetSplit:
-    """GPUs granted per graph (each graph's `gpu_budget` for `constrain`), and why, per graph."""
-
-    gpus: Mapping[str, int]
-    reasons: Mapping[str, str]
-
-
-def _share(amount: int, weights: Mapping[str, int]) -> dict[str, int]:
-    """Split `amount` in proportion to `weights` (largest remainder; ties by name), never above a weight."""
-    total = sum(weights.values())
-    exact = {name: amount * weight / total for name, weight in weights.items()}
-    shares = {name: min(weights[name], math.floor(value)) for name, value in exact.items()}
-    left = amount - sum(shares.values())
-    for name in sorted(weights, key=lambda n: (-(exact[n] - shares[n]), n)):
-        if left <= 0:
-            break
-        if shares[name] < weights[name]:
-            shares[name] += 1
-            left -= 1
-    return shares
-
-
-def split_budget(claims: Sequence[BudgetClaim], budget: int) -> BudgetSplit:
-    """Share one GPU budget between the graphs that name it.
-
-    1. Every graph gets its minimum first. When the minimums alone exceed the budget, every graph
-       gets exactly its minimum and nothing more: scaling.min is the graph's own promise (the planner
-       never scales below it), so the budget is overrun by that much and every reason says so.
-    2. What is left goes by priority, highest first: a priority level is granted its wants in full
-       before any lower level gets a GPU above its minimum. Graphs of the same priority that cannot
-       all be served share what is left in proportion to what they want above their minimums.
-    3. GPUs nobody wants stay unallocated (a grant is a cap, not a target).
-
-    GPUs are granted one at a time; a graph whose replicas take several GPUs uses what its replicas fit.
-    """
-    if budget < 0:
-        raise ValueError(f"budget must be ≥ 0, got {budget}")
-    names = [claim.graph for claim in claims]
-    if len(set(names)) != len(names):
-        raise ValueError(f"each graph may claim a budget once, got {names}")
-    for claim in claims:
-        if claim.min_gpus < 0 or claim.wanted_gpus < 0:
-            raise ValueError(f"{claim.graph}: min_gpus and wanted_gpus must be ≥ 0")
-
-    minimums = sum(claim.min_gpus for claim in claims)
-    if minimums > budget:
-        note = (
-            f"the minimums of the graphs sharing this budget need {minimums} GPUs, over the budget of {budget}: "
-            "each graph gets its minimum only; raise the budget or lower scaling.min"
-        )
-        return BudgetSplit({c.graph: c.min_gpus for c in claims}, {c.graph: note for c in claims})
-
-    grants = {claim.graph: claim.min_gpus for claim in claims}
-    reasons: dict[str, str] = {}
-    left = budget - minimums
-    for priority in sorted({claim.priority for claim in claims}, reverse=True):
-        level = [claim for claim in claims if claim.priority == priority]
-        extra = {c.graph: max(0, c.wanted_gpus - c.min_gpus) for c in level if c.wanted_gpus > c.min_gpus}
-        asked = sum(extra.values())
-        given = extra if asked <= left else _share(left, extra)
-        left -= sum(given.values())
-        for claim in level:
-            grant = grants[claim.graph] = claim.min_gpus + given.get(claim.graph, 0)
-            want = max(claim.wanted_gpus, claim.min_gpus)
-            if grant >= want:
-                reasons[claim.graph] = f"granted {grant} of {budget} GPUs: all it wants (priority {priority})"
-            else:
-                reasons[claim.graph] = (
-                    f"granted {grant} of the {want} GPUs it wants (budget {budget}, priority {priority}): "
-                    "higher or equal priority graphs took the rest"
-                )
-    return BudgetSplit(grants, reasons)

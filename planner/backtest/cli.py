@@ -13,6 +13,7 @@ skipped). A ServeGen rate series runs on the fluid fleet model; request traces r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,41 @@ def parse_sla(text: str) -> api.SlaTarget:
         raise argparse.ArgumentTypeError(f"--sla: {error}") from error
 
 
+@dataclasses.dataclass(frozen=True)
+class GraphArg:
+    """`--graph NAME=TRACE[,priority=P][,rate=X]`: one graph of a shared-budget backtest."""
+
+    name: str
+    trace: Path
+    priority: int = 0
+    rate_scale: float = 1.0
+
+
+def parse_graph(text: str) -> GraphArg:
+    name, _, rest = text.partition("=")
+    trace, *options = rest.split(",")
+    if not name.strip() or not trace.strip():
+        raise argparse.ArgumentTypeError(f"--graph {text!r}: write NAME=TRACE[,priority=P][,rate=X]")
+    fields: dict[str, str] = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key.strip() not in ("priority", "rate"):
+            raise argparse.ArgumentTypeError(f"--graph: unknown option {key.strip()!r}; use priority= and rate=")
+        fields[key.strip()] = value.strip()
+    try:
+        return GraphArg(name.strip(), Path(trace.strip()), priority=int(fields.get("priority", 0)),
+                        rate_scale=float(fields.get("rate", 1.0)))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--graph {text!r}: {error}") from error
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("backtest")
     group.add_argument("--trace", type=Path, help="Azure CSV, Mooncake JSONL or ServeGen rate series")
+    group.add_argument("--graph", type=parse_graph, action="append", default=[], metavar="NAME=TRACE[,priority=P][,rate=X]",
+                       help="a graph sharing the one --gpu-budget NAME=GPUS with the others (repeatable; "
+                            "instead of --trace): the planner on each under the budget, and on each alone")
+    group.add_argument("--headroom", type=float, default=0.1, help="the planner's headroom with --graph")
     group.add_argument("--profile", help="profile JSON, or a Dynamo CSV pair's common prefix")
     group.add_argument("--sla", type=parse_sla, default=None, help="e.g. ttft=500ms,itl=50ms,p=90")
     group.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
@@ -65,14 +98,16 @@ def run(args: argparse.Namespace) -> int:
     from fleetpilot import plots, traces
     from fleetpilot.planner.backtest import evaluate  # numpy, statsmodels, prophet: only when asked
 
-    if args.trace is None or args.profile is None or args.sla is None:
-        raise SystemExit("fleetpilot planner backtest: --trace, --profile and --sla are required")
+    if (args.trace is None and not args.graph) or args.profile is None or args.sla is None:
+        raise SystemExit("fleetpilot planner backtest: --trace (or --graph), --profile and --sla are required")
     profile = evaluate.load_profile(args.profile)
     predictors = tuple(p.strip() for p in args.predictors.split(",") if p.strip())
     unknown = set(predictors) - set(evaluate.PREDICTORS)
     if unknown:
         raise SystemExit(f"fleetpilot planner backtest: unknown predictor(s) {', '.join(sorted(unknown))}; "
                          f"choose from {', '.join(evaluate.PREDICTORS)}")
+    if args.graph:
+        return _run_budget(args, profile, predictors[0])
     if traces.file_format(args.trace) == "servegen":
         scenario = evaluate.scenario_from_servegen(
             args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
@@ -117,4 +152,64 @@ def _print_table(done: Any, summary: Any, target: float) -> None:
             table.add_row(name if i == 0 else "", ("—" if at is None else f"{at:.2f}") if i == 0 else "",
                           f"{summary[name].best_attainment:.1%}" if i == 0 else "", f"{r.knob:g}",
                           f"{r.gpu_hours:.2f}", f"{r.attainment:.1%}", f"{r.goodput_per_gpu_hour:,.0f}", str(r.actions))
+    Console().print(table)
+
+
+def _run_budget(args: argparse.Namespace, profile: Any, predictor: str) -> int:
+    """`--graph ... --gpu-budget NAME=GPUS`: several graphs under one shared budget, as the live planner runs them."""
+    from fleetpilot import plots, traces
+    from fleetpilot.planner.backtest import evaluate
+
+    if args.trace is not None or len(args.gpu_budget) != 1:
+        raise SystemExit("fleetpilot planner backtest: --graph takes exactly one --gpu-budget NAME=GPUS, and no --trace")
+    budget_name, _, gpus = args.gpu_budget[0].partition("=")
+    if not gpus.isdigit():
+        raise SystemExit(f"fleetpilot planner backtest: --gpu-budget takes NAME=GPUS, not {args.gpu_budget[0]!r}")
+    names = [graph.name for graph in args.graph]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"fleetpilot planner backtest: --graph names must differ, got {', '.join(names)}")
+    fluid = any(traces.file_format(graph.trace) == "servegen" for graph in args.graph)
+    interval_s = args.interval or (600.0 if fluid else 60.0)
+    graphs = []
+    for seed, graph in enumerate(args.graph):
+        # Its own seed: two graphs cut from one trace at one rate get different requests.
+        if traces.file_format(graph.trace) == "servegen":
+            scenario = evaluate.scenario_from_servegen(
+                graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,
+                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed)
+        else:
+            scenario = evaluate.scenario_from_trace(
+                graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,
+                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed)
+        print(f"{graph.name} (priority {graph.priority}): {scenario.description}; {scenario.fidelity} fleet model",
+              flush=True)
+        graphs.append(evaluate.BudgetGraph(scenario, graph.priority))
+    result = evaluate.run_budget(graphs, budget=int(gpus), predictor=predictor, headroom=args.headroom)
+    _print_budget_table(result, budget_name)
+    args.out.mkdir(parents=True, exist_ok=True)
+    drawn = {"GPUs per graph": "budget.png"} if evaluate.plot_budget(result, args.out / "budget.png") else {}
+    report = evaluate.budget_markdown(result, png=drawn)
+    if not drawn:
+        note = plots.skipped_note("budget.png")
+        report += f"\n{note}\n"
+        print(note)
+    (args.out / "backtest.md").write_text(report)
+    print(f"wrote {args.out / 'backtest.md'}" + "".join(f", {name}" for name in drawn.values()))
+    return 0
+
+
+def _print_budget_table(result: Any, budget_name: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    shared = result.shared
+    table = Table(title=f"GPU budget {budget_name} = {shared.budget}: each graph under it, and alone")
+    for column in ("graph", "priority", "attainment", "alone", "GPU-h", "alone GPU-h", "capped", "mean granted"):
+        table.add_column(column, justify="left" if column == "graph" else "right")
+    for graph in result.graphs:
+        name = graph.scenario.name
+        run, solo = shared.runs[name], result.alone[name]
+        table.add_row(name, str(graph.priority), f"{run.attainment:.1%}", f"{solo.attainment:.1%}",
+                      f"{run.gpu_hours:.2f}", f"{solo.gpu_hours:.2f}", f"{shared.capped_share(name):.0%}",
+                      f"{shared.granted[name].mean():.1f}")
     Console().print(table)

@@ -4,8 +4,10 @@ Where it sits: the second driver of the planner core (the first is `live`). Ever
 simulated time it reads what the metrics would have said about the last interval, asks the policy
 for replicas and applies them to the fleet; at the end it scores the run. The fleet is either the
 per-request simulator (`fleetsim`, exact batching, for hours of traffic) or the fluid model (`fluid`,
-for weeks), both behind `FleetModel`. Pure: plain data in, plain data out; plotting and files are the
-callers' business (`fleetpilot planner backtest`, benchmarks/backtest.py).
+for weeks), both behind `FleetModel`. `run_shared` drives several graphs' fleets under one shared GPU
+budget, granting each its share every interval from a `budget.BudgetLedger` as the live planner does.
+Pure: plain data in, plain data out; plotting and files are the callers' business (`fleetpilot
+planner backtest`, benchmarks/backtest.py).
 
 Scores, per run:
 - **SLA attainment**: the share of windows (default: the planning interval) in which the SLA held,
@@ -26,6 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import predict
 from fleetpilot.planner.backtest import fleetsim, policies
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
@@ -133,47 +136,137 @@ class RunResult:
         return self.good / self.gpu_hours if self.gpu_hours > 0 else 0.0
 
 
+class _Loop:
+    """One graph's run, interval by interval: observe the last interval, decide, apply, record."""
+
+    def __init__(self, fleet: FleetModel, policy: policies.Policy, *, interval_s: float,
+                 sla: api.SlaTarget) -> None:
+        self.fleet, self.policy, self.interval_s, self.sla = fleet, policy, interval_s, sla
+        self.rows: dict[str, list[float]] = {key: [] for key in ("time", "rate", "forecast", "ttft_p", "itl_p")}
+        self.active: dict[FleetPool, list[int]] = {pool: [] for pool in FLEET_POOLS}
+        self.ready: dict[FleetPool, list[int]] = {pool: [] for pool in FLEET_POOLS}
+        self.actions = 0
+        self.targets = policy.initial()
+
+    def step(self, now: float) -> None:
+        self.fleet.run_until(now)
+        stats = self.fleet.window(now - self.interval_s, now, percentile=self.sla.percentile)
+        decision = self.policy.decide(stats, now)
+        for pool in FLEET_POOLS:
+            if decision[pool] != self.targets[pool]:
+                self.actions += 1
+                self.fleet.set_target(pool, decision[pool])
+        self.targets = decision
+        forecast = self.policy.forecast()
+        self.rows["time"].append(now)
+        self.rows["rate"].append(stats.rate_rps)
+        self.rows["forecast"].append(math.nan if forecast is None else forecast)
+        self.rows["ttft_p"].append(math.nan if stats.ttft_p is None else stats.ttft_p)
+        self.rows["itl_p"].append(math.nan if stats.itl_p is None else stats.itl_p)
+        for pool in FLEET_POOLS:
+            self.active[pool].append(stats.active[pool])
+            self.ready[pool].append(stats.ready[pool])
+
+    def result(self, steps: int, window_s: float | None) -> RunResult:
+        gpu_hours = self.fleet.gpu_seconds(steps * self.interval_s) / 3600.0
+        self.fleet.finish()
+        scores = self.fleet.sla_windows(window_s or self.interval_s, self.sla, duration_s=steps * self.interval_s)
+        total = int(scores.requests.sum())
+        rows = self.rows
+        return RunResult(
+            policy=self.policy.name, knob=self.policy.knob, gpu_hours=gpu_hours, attainment=scores.attainment,
+            requests=total, good=int(scores.good.sum()), failed=self.fleet.failed(), actions=self.actions,
+            timeline=Timeline(
+                time=np.array(rows["time"]), rate=np.array(rows["rate"]), forecast=np.array(rows["forecast"]),
+                active={pool: np.array(v) for pool, v in self.active.items()},
+                ready={pool: np.array(v) for pool, v in self.ready.items()},
+                ttft_p=np.array(rows["ttft_p"]), itl_p=np.array(rows["itl_p"]),
+            ),
+        )
+
+
 def run(fleet: FleetModel, policy: policies.Policy, *, duration_s: float, interval_s: float,
         sla: api.SlaTarget, window_s: float | None = None) -> RunResult:
     """Drive `fleet` (built with `policy.initial()` replicas) for `duration_s`, deciding every interval."""
-    rows: dict[str, list[float]] = {key: [] for key in ("time", "rate", "forecast", "ttft_p", "itl_p")}
-    active: dict[FleetPool, list[int]] = {pool: [] for pool in FLEET_POOLS}
-    ready: dict[FleetPool, list[int]] = {pool: [] for pool in FLEET_POOLS}
-    actions = 0
-    targets = policy.initial()
+    loop = _Loop(fleet, policy, interval_s=interval_s, sla=sla)
     steps = max(1, math.ceil(duration_s / interval_s))
     for k in range(1, steps + 1):
-        now = k * interval_s
-        fleet.run_until(now)
-        stats = fleet.window(now - interval_s, now, percentile=sla.percentile)
-        decision = policy.decide(stats, now)
-        for pool in FLEET_POOLS:
-            if decision[pool] != targets[pool]:
-                actions += 1
-                fleet.set_target(pool, decision[pool])
-        targets = decision
-        forecast = policy.forecast()
-        rows["time"].append(now)
-        rows["rate"].append(stats.rate_rps)
-        rows["forecast"].append(math.nan if forecast is None else forecast)
-        rows["ttft_p"].append(math.nan if stats.ttft_p is None else stats.ttft_p)
-        rows["itl_p"].append(math.nan if stats.itl_p is None else stats.itl_p)
-        for pool in FLEET_POOLS:
-            active[pool].append(stats.active[pool])
-            ready[pool].append(stats.ready[pool])
-    gpu_hours = fleet.gpu_seconds(steps * interval_s) / 3600.0
-    fleet.finish()
-    scores = fleet.sla_windows(window_s or interval_s, sla, duration_s=steps * interval_s)
-    total = int(scores.requests.sum())
-    return RunResult(
-        policy=policy.name, knob=policy.knob, gpu_hours=gpu_hours, attainment=scores.attainment,
-        requests=total, good=int(scores.good.sum()), failed=fleet.failed(), actions=actions,
-        timeline=Timeline(
-            time=np.array(rows["time"]), rate=np.array(rows["rate"]), forecast=np.array(rows["forecast"]),
-            active={pool: np.array(v) for pool, v in active.items()},
-            ready={pool: np.array(v) for pool, v in ready.items()},
-            ttft_p=np.array(rows["ttft_p"]), itl_p=np.array(rows["itl_p"]),
-        ),
+        loop.step(k * interval_s)
+    return loop.result(steps, window_s)
+
+
+# -- several graphs under one GPU budget ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedGraph:
+    """One graph of a shared-budget run: its fleet, the planner that scales it, and its priority."""
+
+    name: str
+    priority: int
+    fleet: FleetModel
+    policy: policies.Fleetpilot
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedRun:
+    """Each graph's run, and per interval the GPUs it was granted and those it wanted without the budget."""
+
+    budget: int
+    runs: Mapping[str, RunResult]
+    granted: Mapping[str, np.ndarray]
+    wanted: Mapping[str, np.ndarray]  # -1 where the graph did not plan (no data)
+
+    def capped_share(self, graph: str) -> float:
+        """The share of intervals in which `graph` got fewer GPUs than it wanted."""
+        wanted, granted = self.wanted[graph], self.granted[graph]
+        planned = wanted >= 0
+        return float((granted[planned] < wanted[planned]).mean()) if planned.any() else 0.0
+
+
+SHARED = "shared"  # the budget's name in a shared run's ledger
+
+
+def run_shared(graphs: Sequence[SharedGraph], *, budget: int, duration_s: float, interval_s: float,
+               window_s: float | None = None) -> SharedRun:
+    """Several graphs under one GPU budget, as the live planner runs them.
+
+    Every interval, each graph in turn (by name, as the live planner lists them) is granted its share
+    of the budget from every graph's latest claim (`budget.BudgetLedger`: minimums first, then by
+    priority), plans within it (`core.plan_interval` with that gpu_budget), then claims what its
+    decision would have used without the budget. Each fleet starts with its policy's initial replicas,
+    and each graph's first claim is what they use, as if the graphs had been running before (a
+    newcomer's claim would be its minimum: every graph would be cut to it in the first interval).
+    """
+    names = [graph.name for graph in graphs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"graph names must differ, got {names}")
+    ledger = budget_mod.BudgetLedger({SHARED: budget})
+    ordered = sorted(graphs, key=lambda graph: graph.name)
+    loops = {g.name: _Loop(g.fleet, g.policy, interval_s=interval_s, sla=g.policy.setting.sla) for g in ordered}
+    granted: dict[str, list[int]] = {g.name: [] for g in ordered}
+    wanted: dict[str, list[int]] = {g.name: [] for g in ordered}
+    for graph in ordered:
+        running = sum(graph.policy.initial().values())  # one GPU a replica, as the policy plans
+        ledger.claim(SHARED, budget_mod.BudgetClaim(graph=graph.name, priority=graph.priority,
+                                                     min_gpus=graph.policy.min_gpus(), wanted_gpus=running))
+    steps = max(1, math.ceil(duration_s / interval_s))
+    for k in range(1, steps + 1):
+        for graph in ordered:
+            min_gpus = graph.policy.min_gpus()
+            grant = ledger.grant(SHARED, graph=graph.name, priority=graph.priority, min_gpus=min_gpus)
+            graph.policy.cap(grant.gpus)
+            loops[graph.name].step(k * interval_s)
+            want = graph.policy.wanted_gpus()
+            if want is not None:
+                ledger.claim(SHARED, budget_mod.BudgetClaim(graph=graph.name, priority=graph.priority,
+                                                             min_gpus=min_gpus, wanted_gpus=want))
+            granted[graph.name].append(grant.gpus)
+            wanted[graph.name].append(-1 if want is None else want)
+    return SharedRun(
+        budget=budget, runs={name: loop.result(steps, window_s) for name, loop in loops.items()},
+        granted={name: np.array(v) for name, v in granted.items()},
+        wanted={name: np.array(v) for name, v in wanted.items()},
     )
 
 

@@ -112,9 +112,13 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
                         rate_factor: float = 1.0, duration_s: float | None = None, interval_s: float = 60.0,
                         startup_s: float = 120.0, timing: perfmodel.PerformanceModel | None = None,
                         bounds: Mapping[FleetPool, tuple[int, int]] | None = None, fidelity: Fidelity = "request",
-                        fluid_step_s: float = 10.0) -> Scenario:
-    """A request trace (Azure, Mooncake) replayed at `rate_factor`, per request or as a fluid."""
-    requests = tuple(traces.load(path, shape=traces.Shape(rate_factor=rate_factor, duration_s=duration_s)))
+                        fluid_step_s: float = 10.0, seed: int = 0) -> Scenario:
+    """A request trace (Azure, Mooncake) replayed at `rate_factor`, per request or as a fluid.
+
+    `seed` drives the rate scaling's random choices: graphs cut from one trace at one rate differ by it.
+    """
+    shape = traces.Shape(rate_factor=rate_factor, duration_s=duration_s, seed=seed)
+    requests = tuple(traces.load(path, shape=shape))
     if not requests:
         raise ValueError(f"{path}: no requests in the chosen window")
     duration = duration_s or math.ceil(requests[-1].arrival_s / interval_s) * interval_s
@@ -285,6 +289,79 @@ def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, worke
     return {name: done[name] for name in names}
 
 
+# -- several graphs under one GPU budget ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetGraph:
+    """One graph of a shared-budget backtest: its scenario (trace, rate, SLA) and its priority."""
+
+    scenario: Scenario
+    priority: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetResult:
+    """The graphs under the shared budget, and each alone with no budget: what the budget cost it."""
+
+    graphs: tuple[BudgetGraph, ...]
+    shared: driver.SharedRun
+    alone: Mapping[str, driver.RunResult]
+    predictor: str
+    headroom: float
+
+
+def _budget_graph(graph: BudgetGraph, *, predictor: str, headroom: float) -> driver.SharedGraph:
+    scenario = graph.scenario
+    # A fleet that was right for the start of the trace, as the planner sizes (for the peak of the
+    # intervals until a new replica is ready): the comparison is about sharing, not a cold start.
+    start = policies.static_replicas(scenario.setting, scenario.loads[:scenario.horizon + 1], level="peak",
+                                     factor=1.0)
+    policy = policies.Fleetpilot(scenario.setting, predict.make_predictor(predictor), predictor_name=predictor,
+                                 headroom=headroom, initial=start)
+    return driver.SharedGraph(scenario.name, graph.priority, scenario.make_fleet(policy.initial()), policy)
+
+
+def run_budget(graphs: Sequence[BudgetGraph], *, budget: int, predictor: str = "constant",
+               headroom: float = 0.1) -> BudgetResult:
+    """fleetpilot's planner on every graph under one shared GPU budget (`driver.run_shared`), and on each
+    graph alone with no budget. The graphs share the planning interval; the run lasts the longest trace."""
+    intervals = {graph.scenario.setting.interval_s for graph in graphs}
+    if len(intervals) != 1:
+        raise ValueError(f"graphs sharing a budget must share the planning interval, got {sorted(intervals)}")
+    interval_s = intervals.pop()
+    duration_s = max(graph.scenario.duration_s for graph in graphs)
+    shared = driver.run_shared([_budget_graph(g, predictor=predictor, headroom=headroom) for g in graphs],
+                               budget=budget, duration_s=duration_s, interval_s=interval_s)
+    alone = {}
+    for graph in graphs:
+        solo = _budget_graph(graph, predictor=predictor, headroom=headroom)
+        alone[solo.name] = driver.run(solo.fleet, solo.policy, duration_s=duration_s, interval_s=interval_s,
+                                      sla=graph.scenario.sla)
+    return BudgetResult(tuple(graphs), shared, alone, predictor, headroom)
+
+
+def budget_markdown(result: BudgetResult, *, png: Mapping[str, str]) -> str:
+    """The shared-budget backtest's table: per graph, under the budget against alone."""
+    shared = result.shared
+    lines = [f"## Shared GPU budget: {shared.budget} GPUs", "",
+             (f"fleetpilot-{result.predictor} (headroom {result.headroom:g}) on every graph; each interval a graph "
+              "is granted its share of the budget from every graph's latest claim (minimums first, then by "
+              "priority), as the live planner grants it. \"alone\" is the same graph with no budget."), ""]
+    lines += [("| graph | priority | trace | attainment (shared / alone) | GPU-hours (shared / alone) "
+               "| intervals capped | mean GPUs granted |"), "|---|---:|---|---:|---:|---:|---:|"]
+    for graph in result.graphs:
+        name = graph.scenario.name
+        run, solo = shared.runs[name], result.alone[name]
+        lines.append(f"| {name} | {graph.priority} | {graph.scenario.description} | {run.attainment:.1%} / "
+                     f"{solo.attainment:.1%} | {run.gpu_hours:.2f} / {solo.gpu_hours:.2f} | "
+                     f"{shared.capped_share(name):.0%} | {shared.granted[name].mean():.1f} |")
+    lines.append("")
+    for title, file in png.items():
+        lines += [f"![{title}]({file})", ""]
+    return "\n".join(lines)
+
+
 # -- reading the results --------------------------------------------------------------------------------
 
 
@@ -441,6 +518,41 @@ def plot_curves(scenario: Scenario, groups_done: Mapping[str, GroupResult], path
     ax.set_title(f"{scenario.name}: cost vs attainment")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def plot_budget(result: BudgetResult, path: Path) -> bool:
+    """GPUs each graph was granted and used per interval, against the budget (False: no matplotlib)."""
+    plt = plots.pyplot()
+    if plt is None:
+        return False
+    shared = result.shared
+    fig, axes = plt.subplots(len(result.graphs) + 1, 1, figsize=(11, 2.6 * (len(result.graphs) + 1)), sharex=True)
+    hours = shared.runs[result.graphs[0].scenario.name].timeline.time / 3600.0
+    total = np.zeros(len(hours))
+    for ax, graph in zip(axes[:-1], result.graphs, strict=True):
+        name = graph.scenario.name
+        t = shared.runs[name].timeline
+        used = sum(t.active[pool] for pool in fleetsim.FLEET_POOLS)
+        total = total + used
+        wanted = np.where(shared.wanted[name] >= 0, shared.wanted[name], np.nan)
+        # A grant and a want hold from their decision on; what was asked for is read over the interval
+        # before each decision, so it is drawn over that interval.
+        ax.step(hours, shared.granted[name], where="post", label="granted")
+        ax.step(hours, wanted, where="post", label="wanted (no budget)", alpha=0.8)
+        ax.step(hours, used, where="pre", label="asked for", alpha=0.8)
+        ax.set_ylabel("GPUs")
+        ax.set_title(f"{name} (priority {graph.priority})", fontsize=9)
+    axes[-1].step(hours, total, where="pre", label="all graphs, asked for")
+    axes[-1].axhline(shared.budget, color="k", lw=0.8, ls="--", label="budget")
+    axes[-1].set_ylabel("GPUs")
+    axes[-1].set_xlabel("hours")
+    for ax in axes:
+        ax.legend(loc="upper right", fontsize=8)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

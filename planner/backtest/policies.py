@@ -278,6 +278,20 @@ class Fleetpilot:
         plan = self.last_plan
         return plan.predicted.rate_rps if plan is not None and plan.predicted is not None else None
 
+    # What a shared GPU budget needs (`driver.run_shared`), as the live planner does it per interval:
+    # the grant goes into the config's gpu_budget, and the decision without it is the next claim.
+
+    def min_gpus(self) -> int:
+        return core.min_gpus(self.config)
+
+    def cap(self, gpu_budget: int | None) -> None:
+        """Plan the next interval within `gpu_budget` GPUs (None: no budget)."""
+        self.config = dataclasses.replace(self.config, gpu_budget=gpu_budget)
+
+    def wanted_gpus(self) -> int | None:
+        """The GPUs the last decision would have used without a budget: the graph's claim on a shared one."""
+        return self.last_plan.wanted_gpus if self.last_plan is not None else None
+
 
 # -- the oracle ------------------------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""The backtest: the fleet simulator's bookkeeping and timing, the fluid model, scores, and the oracle."""
+"""The backtest: the fleet simulator's bookkeeping and timing, the fluid model, scores, the oracle, shared
+GPU budgets, and the command with and without matplotlib."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -10,7 +12,10 @@ import numpy as np
 import pytest
 
 from fleetpilot import perfmodel
+from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import capacity, predict
+from fleetpilot.planner.backtest import cli as backtest_cli
 from fleetpilot.planner.backtest import driver, evaluate, fleetsim, fluid, policies
 from fleetpilot.traces import Request
 
@@ -241,3 +246,81 @@ def test_without_matplotlib_the_backtest_writes_its_tables_and_says_plots_were_s
     assert "| fleetpilot-constant |" in report and "| oracle |" in report
     assert "plots skipped" in report and "![" not in report  # no image links to files never drawn
     assert not list(out.glob("*.png"))
+
+
+# -- several graphs under one shared GPU budget --------------------------------------------------------------
+
+
+PLANNER_SETTING = policies.Setting(
+    capacity=capacity.CapacityModel(profiles.from_performance_model(
+        TIMING, isls=[128, 512, 1024, 2048, 4096, 8192], contexts=[512, 1024, 2048, 4096, 8192],
+        concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")),
+    sla=SLA, interval_s=30.0, startup_s=30.0, bounds={"prefill": (1, 16), "decode": (1, 8)})
+
+
+def planned_graph(name: str, priority: int, *, rate: float, seed: int,
+                  initial: dict[fleetsim.FleetPool, int]) -> driver.SharedGraph:
+    policy = policies.Fleetpilot(PLANNER_SETTING, predict.make_predictor("constant"), predictor_name="constant",
+                                 headroom=0.1, initial=initial)
+    fleet = driver.RequestFleet(CONFIG, poisson_trace(rate, 600, seed=seed), policy.initial())
+    return driver.SharedGraph(name, priority, fleet, policy)
+
+
+def test_under_a_binding_shared_budget_the_higher_priority_graph_keeps_its_sla() -> None:
+    """Gold (priority 10, 15 req/s) wants about 3 GPUs, bronze (priority 0, 30 req/s) about 4; the budget of
+    5 holds gold's wants and bronze's minimum. Gold runs as it would alone; bronze is capped and misses."""
+    def graphs() -> list[driver.SharedGraph]:
+        return [planned_graph("bronze", 0, rate=30.0, seed=2, initial={"prefill": 3, "decode": 1}),
+                planned_graph("gold", 10, rate=15.0, seed=1, initial={"prefill": 2, "decode": 1})]
+
+    alone = {g.name: driver.run(g.fleet, g.policy, duration_s=600, interval_s=30, sla=SLA) for g in graphs()}
+    shared = driver.run_shared(graphs(), budget=5, duration_s=600, interval_s=30)
+
+    gold, bronze = shared.runs["gold"], shared.runs["bronze"]
+    assert alone["gold"].attainment == alone["bronze"].attainment == 1.0  # each alone meets its SLA
+    assert shared.capped_share("gold") == 0.0
+    assert gold.attainment == alone["gold"].attainment
+    assert gold.gpu_hours == pytest.approx(alone["gold"].gpu_hours)
+    assert shared.capped_share("bronze") > 0.25
+    assert bronze.attainment < 0.8 and bronze.gpu_hours < alone["bronze"].gpu_hours
+    # Every interval's grants fit the budget, and each graph asks for no more than it is granted.
+    granted = shared.granted["gold"] + shared.granted["bronze"]
+    assert granted.max() <= 5
+    for name, run in shared.runs.items():
+        asked = run.timeline.active["prefill"] + run.timeline.active["decode"]
+        assert (asked[1:] <= shared.granted[name][:-1]).all(), name
+
+    # Deterministic, whatever order the graphs come in.
+    again = driver.run_shared(graphs()[::-1], budget=5, duration_s=600, interval_s=30)
+    assert {n: r.gpu_hours for n, r in again.runs.items()} == {n: r.gpu_hours for n, r in shared.runs.items()}
+    assert all((again.granted[n] == shared.granted[n]).all() for n in shared.granted)
+
+
+def test_the_backtest_command_runs_graphs_under_one_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--graph` twice (one trace at two rates) and `--gpu-budget`: a table per graph, shared and alone."""
+    from fleetpilot import cli
+
+    trace = azure_csv(tmp_path / "tiny.csv", poisson_trace(2.0, 300, seed=5))
+    out = tmp_path / "out"
+    code = cli.main(["planner", "backtest", "--graph", f"gold={trace},priority=10,rate=4",
+                     "--graph", f"bronze={trace},rate=12", "--gpu-budget", "shared=5",
+                     "--sla", "ttft=500ms,itl=50ms,p=90", "--interval", "30", "--startup-seconds", "30",
+                     "--profile", str(TRACES / "calibration" / "h200_llama31_8b_fp8_vllm"),
+                     "--predictors", "constant", "--out", str(out)])
+    assert code == 0
+    assert "GPU budget shared = 5" in capsys.readouterr().out
+    report = (out / "backtest.md").read_text()
+    assert "## Shared GPU budget: 5 GPUs" in report
+    assert "| gold | 10 |" in report and "| bronze | 0 |" in report
+
+
+def test_a_graph_argument_reads_name_trace_priority_and_rate() -> None:
+    graph = backtest_cli.parse_graph("gold=traces/a.csv,priority=10,rate=2.5")
+    assert graph == backtest_cli.GraphArg("gold", Path("traces/a.csv"), priority=10, rate_scale=2.5)
+    assert backtest_cli.parse_graph("b=x.jsonl") == backtest_cli.GraphArg("b", Path("x.jsonl"))
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown option"):
+        backtest_cli.parse_graph("b=x.csv,weight=3")
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME=TRACE"):
+        backtest_cli.parse_graph("x.csv")

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import capacity, core, live, sizing
+from fleetpilot.planner import capacity, core, live
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +76,3 @@ def test_a_budget_caps_the_decision_but_the_claim_says_what_was_wanted(model: ca
                                  capacity=model, now=0.0)
     assert sum(plan.replicas.values()) <= 4
     assert plan.wanted_gpus is not None and plan.wanted_gpus > 4
-
-
-def test_a_shared_budget_serves_the_higher_priority_graph_first() -> None:
-    claims = {
-        "ns/gold": sizing.BudgetClaim(graph="ns/gold", priority=10, min_gpus=2, wanted_gpus=12),
-        "ns/bronze": sizing.BudgetClaim(graph="ns/bronze", priority=0, min_gpus=2, wanted_gpus=12),
-    }
-    gold, _ = core.budget_share(claims, graph="ns/gold", total=16, own_cap=None)
-    bronze, _ = core.budget_share(claims, graph="ns/bronze", total=16, own_cap=None)
-    assert (gold, bronze) == (12, 4)
-    capped, why = core.budget_share(claims, graph="ns/gold", total=16, own_cap=6)
-    assert capped == 6 and "gpuBudget 6" in why
