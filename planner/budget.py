@@ -141,7 +141,8 @@ class BudgetLedger:
 
     def claims(self, budget: str) -> list[BudgetClaim]:
         """The latest claim of every graph on `budget`, by graph name."""
-        return sorted((claim for name, claim in self._claims.values() if name == budget), key=lambda c: c.graph)
+        claims = [claim for name, claim in self._claims.values() if name == budget]
+        return sorted(claims, key=lambda claim: claim.graph)
 
     def split(self, budget: str) -> BudgetSplit:
         """Every claimant's share of `budget` now."""
@@ -150,10 +151,12 @@ class BudgetLedger:
     def claim(self, budget: str, claim: BudgetClaim) -> None:
         """Record what `claim.graph` wants of `budget` (its decision's GPUs without the budget)."""
         if budget not in self.budgets:
-            raise KeyError(f"no budget {budget!r}; the budgets are {', '.join(sorted(self.budgets)) or 'none'}")
+            known = ", ".join(sorted(self.budgets)) or "none"
+            raise KeyError(f"no budget {budget!r}; the budgets are {known}")
         self._claims[claim.graph] = (budget, claim)
 
-    def grant(self, budget: str, *, graph: str, priority: int, min_gpus: int, own_cap: int | None = None) -> Grant:
+    def grant(self, budget: str, *, graph: str, priority: int, min_gpus: int,
+              own_cap: int | None = None) -> Grant:
         """`graph`'s GPUs of `budget` for this interval, from every graph's latest claim.
 
         A graph new to the budget claims its minimum until it has planned once (then `claim` says what
@@ -161,7 +164,8 @@ class BudgetLedger:
         """
         current = self._claims.get(graph)
         if current is None or current[0] != budget:
-            self.claim(budget, BudgetClaim(graph=graph, priority=priority, min_gpus=min_gpus, wanted_gpus=min_gpus))
+            newcomer = BudgetClaim(graph=graph, priority=priority, min_gpus=min_gpus, wanted_gpus=min_gpus)
+            self.claim(budget, newcomer)
         split = self.split(budget)
         share = split.gpus[graph]
         if own_cap is not None and own_cap < share:

@@ -79,8 +79,8 @@ def parse_graph(text: str) -> GraphArg:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("backtest")
     group.add_argument("--trace", type=Path, help="Azure CSV, Mooncake JSONL or ServeGen rate series")
-    group.add_argument("--graph", type=parse_graph, action="append", default=[], metavar="NAME=TRACE[,priority=P][,rate=X]",
-                       help="a graph sharing the one --gpu-budget NAME=GPUS with the others (repeatable; "
+    group.add_argument("--graph", type=parse_graph, action="append", default=[],
+                       metavar="NAME=TRACE[,priority=P][,rate=X]", help="a graph sharing the one --gpu-budget NAME=GPUS with the others (repeatable; "
                             "instead of --trace): the planner on each under the budget, and on each alone")
     group.add_argument("--headroom", type=float, default=0.1, help="the planner's headroom with --graph")
     group.add_argument("--profile", help="profile JSON, or a Dynamo CSV pair's common prefix")
@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     best = evaluate.best_fleetpilot(summary) or f"fleetpilot-{predictors[0]}"
     chosen = summary[best].cheapest_at_target or max(done[best].results, key=lambda r: r.attainment)
-    drawn = evaluate.draw(scenario, done, args.out, target=args.target, chosen=chosen, title=f"{scenario.name}: {best}")
+    drawn = evaluate.draw(scenario, done, args.out, target=args.target, chosen=chosen,
+                          title=f"{scenario.name}: {best}")
     report = evaluate.markdown_section(scenario, done, target=args.target, png=drawn)
     if not drawn:
         note = plots.skipped_note("timeline.png, curves.png")
@@ -156,12 +157,13 @@ def _print_table(done: Any, summary: Any, target: float) -> None:
 
 
 def _run_budget(args: argparse.Namespace, profile: Any, predictor: str) -> int:
-    """`--graph ... --gpu-budget NAME=GPUS`: several graphs under one shared budget, as the live planner runs them."""
+    """`--graph ... --gpu-budget NAME=GPUS`: several graphs under one budget, as the live planner runs them."""
     from fleetpilot import plots, traces
     from fleetpilot.planner.backtest import evaluate
 
     if args.trace is not None or len(args.gpu_budget) != 1:
-        raise SystemExit("fleetpilot planner backtest: --graph takes exactly one --gpu-budget NAME=GPUS, and no --trace")
+        raise SystemExit("fleetpilot planner backtest: --graph takes exactly one --gpu-budget NAME=GPUS, "
+                         "and no --trace")
     budget_name, _, gpus = args.gpu_budget[0].partition("=")
     if not gpus.isdigit():
         raise SystemExit(f"fleetpilot planner backtest: --gpu-budget takes NAME=GPUS, not {args.gpu_budget[0]!r}")

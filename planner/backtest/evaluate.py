@@ -530,7 +530,8 @@ def plot_budget(result: BudgetResult, path: Path) -> bool:
     if plt is None:
         return False
     shared = result.shared
-    fig, axes = plt.subplots(len(result.graphs) + 1, 1, figsize=(11, 2.6 * (len(result.graphs) + 1)), sharex=True)
+    rows = len(result.graphs) + 1
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 2.6 * rows), sharex=True)
     hours = shared.runs[result.graphs[0].scenario.name].timeline.time / 3600.0
     total = np.zeros(len(hours))
     for ax, graph in zip(axes[:-1], result.graphs, strict=True):

@@ -215,11 +215,12 @@ def test_the_planner_in_the_loop_scales_with_the_load(azure_scenario: evaluate.S
 
 
 def azure_csv(path: Path, requests: list[Request]) -> Path:
-    """`requests` as an Azure LLM trace file (the format's 7-digit fraction of a second)."""
+    """`requests` (within an hour) as an Azure LLM trace file (7-digit fractions of a second)."""
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     for r in requests:
         whole, fraction = divmod(round(r.arrival_s * 10**7), 10**7)
-        rows.append(f"2023-11-16 18:{whole // 60:02d}:{whole % 60:02d}.{fraction:07d},{r.input_tokens},{r.output_tokens}")
+        stamp = f"2023-11-16 18:{whole // 60:02d}:{whole % 60:02d}.{fraction:07d}"
+        rows.append(f"{stamp},{r.input_tokens},{r.output_tokens}")
     path.write_text("\n".join(rows) + "\n")
     return path
 
