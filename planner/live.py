@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pydantic
@@ -129,10 +129,12 @@ class LivePlanner:
         """Plan every graph whose interval is due."""
         await self.sync()
         now = time.monotonic()
-        for body in sorted(self.graphs.objects(), key=informer.object_key):
-            key = (body["metadata"]["namespace"], body["metadata"]["name"])
-            mode = body.get("spec", {}).get("planner", {}).get("mode", "off")
-            if mode == "off" or body["metadata"].get("deletionTimestamp") or self.next_due.get(key, 0) > now:
+        planned = {informer.object_key(body): body for body in self.graphs.objects()
+                   if body.get("spec", {}).get("planner", {}).get("mode", "off") != "off"
+                   and not body["metadata"].get("deletionTimestamp")}
+        self._forget_all_but(planned.keys())
+        for key, body in sorted(planned.items()):
+            if self.next_due.get(key, 0) > now:
                 continue
             if not self.may_act():
                 return
@@ -144,6 +146,18 @@ class LivePlanner:
                 except kube_mod.ApiError as error:
                     ERRORS.labels("kubernetes").inc()
                     logger.warning("planning %s/%s failed: %s", *key, error)
+
+    def _forget_all_but(self, planned: Iterable[tuple[str, str]]) -> None:
+        """Graphs deleted or with the planner turned off: their history goes, their budget share goes back."""
+        keep = set(planned)
+        for key in [k for k in self.next_due if k not in keep]:
+            self.next_due.pop(key, None)
+            self.memory.pop(key, None)
+        names = {f"{namespace}/{name}" for namespace, name in keep}
+        for budget in self.ledger.budgets:
+            for claim in self.ledger.claims(budget):
+                if claim.graph not in names:
+                    self.ledger.release(claim.graph)
 
     async def _capacity(self, graph: api.DynamoGraph) -> capacities.CapacityModel:
         spec = graph.spec
