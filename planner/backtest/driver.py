@@ -40,6 +40,11 @@ class FleetModel(Protocol):
 
     def run_until(self, until: float) -> None: ...
 
+    @property
+    def resolution_s(self) -> float:
+        """The shortest span the model tells apart (0: any; the fluid model's step otherwise)."""
+        ...
+
     def set_target(self, pool: FleetPool, replicas: int) -> None: ...
 
     def window(self, start: float, end: float, *, percentile: float) -> WindowStats: ...
@@ -99,6 +104,8 @@ def score_requests(outcomes: fleetsim.RequestOutcomes, window_s: float, sla: api
 class RequestFleet(fleetsim.FleetSimulator):
     """The per-request simulator as a `FleetModel`."""
 
+    resolution_s = 0.0
+
     def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores:
         return score_requests(self.outcomes(), window_s, sla, duration_s=duration_s)
 
@@ -149,6 +156,7 @@ class _Loop:
         self.targets = policy.initial()
 
     def step(self, now: float) -> None:
+        self._react_until(now)
         self.fleet.run_until(now)
         stats = self.fleet.window(now - self.interval_s, now, percentile=self.sla.percentile)
         decision = self.policy.decide(stats, now)
@@ -166,6 +174,27 @@ class _Loop:
         for pool in FLEET_POOLS:
             self.active[pool].append(stats.active[pool])
             self.ready[pool].append(stats.ready[pool])
+
+    def _react_until(self, now: float) -> None:
+        """The policy's fast loop between the last decision and this one, if it has one.
+
+        It runs no finer than the fleet model tells time apart (the fluid model's step).
+        """
+        period = self.policy.reactive_period_s
+        if period is None:
+            return
+        period = max(period, self.fleet.resolution_s)
+        tick = now - self.interval_s + period
+        while tick < now - 1e-9:
+            self.fleet.run_until(tick)
+            reaction = self.policy.react(self.fleet.window(tick - period, tick, percentile=self.sla.percentile), tick)
+            if reaction is not None:
+                for pool in FLEET_POOLS:
+                    if reaction[pool] != self.targets[pool]:
+                        self.actions += 1
+                        self.fleet.set_target(pool, reaction[pool])
+                self.targets = dict(reaction)
+            tick += period
 
     def result(self, steps: int, window_s: float | None) -> RunResult:
         gpu_hours = self.fleet.gpu_seconds(steps * self.interval_s) / 3600.0

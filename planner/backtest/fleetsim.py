@@ -32,6 +32,7 @@ frontend sees.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import itertools
@@ -93,6 +94,10 @@ class WindowStats:
     decode_kv_usage: float  # mean KV cache usage of the ready decode replicas
     ready: Mapping[FleetPool, int]
     active: Mapping[FleetPool, int]  # asked for: ready + starting (not draining)
+    # The engines' gauges at the end of the window (what a reactive loop reads between intervals):
+    prefill_queued_tokens: float = 0.0  # prompt tokens not yet prefilled, queued or waiting for a replica
+    decode_waiting: float = 0.0  # prefilled requests waiting for a decode slot (KV or batch cap)
+    decode_running: float = 0.0  # sequences decoding
 
 
 @dataclasses.dataclass
@@ -182,7 +187,9 @@ class FleetSimulator:
         # Moments latencies became known, for windowed percentiles: (time, request index).
         self._first_tokens: list[tuple[float, int]] = []
         self._finishes: list[tuple[float, int]] = []
-        self._busy_log: list[tuple[float, float]] = []  # (step end, seconds computing) per prefill step
+        self._busy_starts: list[float] = []  # per prefill step, in time order: when it began,
+        self._busy_seconds: list[float] = []  # and how long it computed
+        self._longest_step = 0.0
         self._kv_checkpoints: dict[int, tuple[float, float]] = {}
         for pool in FLEET_POOLS:
             for _ in range(max(0, int(initial.get(pool, 0)))):
@@ -261,7 +268,7 @@ class FleetSimulator:
         itls = self._latencies(self._finishes, start, end, first_token=False)
         length = max(end - start, 1e-9)
         ready = {pool: self.ready(pool) for pool in FLEET_POOLS}
-        busy = sum(seconds for t, seconds in self._busy_log if start < t <= end)
+        busy = self._busy_between(start, end)
         kv = self._mean_kv_usage(start, end)
         return WindowStats(
             start=start, end=end, arrivals=len(arrivals), rate_rps=len(arrivals) / length,
@@ -275,6 +282,14 @@ class FleetSimulator:
             decode_kv_usage=kv,
             ready=ready,
             active={pool: self.active(pool) for pool in FLEET_POOLS},
+            prefill_queued_tokens=float(
+                sum(r.queued_tokens for r in self.replicas["prefill"] if isinstance(r, _Prefill) and r.stopped is None)
+                + sum(self.records[i].isl for i in self._pending["prefill"])),
+            decode_waiting=float(
+                sum(len(r.waiting) for r in self.replicas["decode"] if isinstance(r, _Decode) and r.stopped is None)
+                + len(self._pending["decode"])),
+            decode_running=float(
+                sum(len(r.running) for r in self.replicas["decode"] if isinstance(r, _Decode) and r.stopped is None)),
         )
 
     # -- results --------------------------------------------------------------------------------------
@@ -309,6 +324,20 @@ class FleetSimulator:
             elif r.osl > 1:
                 values.append((r.finish - r.first_token) / (r.osl - 1))
         return np.array(values, dtype=float)
+
+    def _busy_between(self, start: float, end: float) -> float:
+        """Prefill replica-seconds spent computing within [start, end): the overlap of every step with it.
+
+        Steps are logged by their start, which never decreases, so a window only looks back from its
+        end as far as the longest step: reactive loops ask for many short windows.
+        """
+        total = 0.0
+        k = bisect.bisect_left(self._busy_starts, end) - 1
+        while k >= 0 and self._busy_starts[k] + self._longest_step > start:
+            began = self._busy_starts[k]
+            total += max(0.0, min(began + self._busy_seconds[k], end) - max(began, start))
+            k -= 1
+        return total
 
     def _mean_kv_usage(self, start: float, end: float) -> float:
         ready = [r for r in self.replicas["decode"] if isinstance(r, _Decode) and r.is_ready(self.now)]
@@ -409,7 +438,9 @@ class FleetSimulator:
         context = max(0, (pairs2 - tokens * (tokens + 1)) // (2 * tokens)) if tokens else 0
         duration = self.timing.prefill_time(tokens, context)
         replica.stepping = True
-        self._busy_log.append((self.now + duration, duration))
+        self._busy_starts.append(self.now)
+        self._busy_seconds.append(duration)
+        self._longest_step = max(self._longest_step, duration)
         self._push(self.now + duration, _PREFILL_STEP, (replica, done))
 
     def _prefill_step_done(self, replica: _Prefill, done: list[int]) -> None:

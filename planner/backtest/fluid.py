@@ -54,6 +54,7 @@ class StepLatency:
     kv_usage: float
     prefill_backlog_s: float  # replica-seconds of prompt work waiting
     decode_backlog_requests: float
+    decode_concurrency: float = 0.0  # sequences decoding per ready decode replica
 
 
 class FluidFleet:
@@ -97,6 +98,10 @@ class FluidFleet:
         self.steps: list[StepLatency] = []
 
     # -- FleetModel ---------------------------------------------------------------------------------------
+
+    @property
+    def resolution_s(self) -> float:
+        return self.step_s
 
     def run_until(self, until: float) -> None:
         while (self._step + 1) * self.step_s <= until + 1e-9 and self._step < len(self.arrivals):
@@ -163,7 +168,18 @@ class FluidFleet:
             decode_kv_usage=float(np.mean([s.kv_usage for s in chosen])) if chosen else 0.0,
             ready={pool: self.ready(pool) for pool in FLEET_POOLS},
             active={pool: self.active(pool) for pool in FLEET_POOLS},
+            **self._gauges(chosen[-1] if chosen else None),
         )
+
+    def _gauges(self, last: StepLatency | None) -> dict[str, float]:
+        """The queue gauges at the end of a window, from its last step."""
+        if last is None:
+            return {}
+        return {
+            "prefill_queued_tokens": last.prefill_backlog_s * self.isl_mean / self._service_mean,
+            "decode_waiting": last.decode_backlog_requests,
+            "decode_running": last.decode_concurrency * self.ready("decode"),
+        }
 
     def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores:
         per = max(1, round(window_s / self.step_s))
@@ -225,7 +241,7 @@ class FluidFleet:
         return StepLatency(
             ttft=ttft, itl=itl, busy=min(1.0, rho), kv_usage=min(1.0, concurrency * self.context
                                                                   / self.config.kv_capacity_tokens),
-            prefill_backlog_s=backlog, decode_backlog_requests=d_backlog,
+            prefill_backlog_s=backlog, decode_backlog_requests=d_backlog, decode_concurrency=concurrency,
         )
 
     def _itl(self, concurrency: float) -> float:

@@ -47,18 +47,38 @@ class Setting:
 
 
 class Policy(Protocol):
-    """A scaling policy: the replicas to start with, then a decision per interval."""
+    """A scaling policy: the replicas to start with, then a decision per interval.
+
+    A policy with a fast loop also says how often it runs (`reactive_period_s`); between two
+    decisions the driver then calls `react` with the last period's window, and applies what it
+    returns (None: no change).
+    """
 
     name: str
     knob: float
+    reactive_period_s: float | None
 
     def initial(self) -> Replicas: ...
 
     def decide(self, stats: WindowStats, now: float) -> Replicas: ...
 
+    def react(self, stats: WindowStats, now: float) -> Replicas | None: ...
+
     def forecast(self) -> float | None:
         """The request rate this policy planned the last decision for (None: it does not forecast)."""
         ...
+
+
+class Base:
+    """What a policy without a fast loop and without a forecast says between and about its decisions."""
+
+    reactive_period_s: float | None = None
+
+    def react(self, stats: WindowStats, now: float) -> Replicas | None:
+        return None
+
+    def forecast(self) -> float | None:
+        return None
 
 
 # -- a memo shared by every run of a sweep -------------------------------------------------------------
@@ -116,7 +136,7 @@ def static_replicas(setting: Setting, loads: Sequence[IntervalLoad], *, level: s
     return setting.clamp({"prefill": desired.replicas["prefill"], "decode": desired.replicas["decode"]})
 
 
-class Static:
+class Static(Base):
     def __init__(self, setting: Setting, loads: Sequence[IntervalLoad], *, level: str, factor: float) -> None:
         self.name = f"static-{level}"
         self.knob = factor
@@ -135,7 +155,7 @@ class Static:
 # -- HPA -----------------------------------------------------------------------------------------------
 
 
-class Hpa:
+class Hpa(Base):
     """Kubernetes' HorizontalPodAutoscaler algorithm, per pool, on a utilisation metric.
 
     desired = ceil(ready × utilisation / target), unchanged while the ratio is within the 10%
@@ -185,7 +205,7 @@ class Hpa:
 # -- Dynamo-style throughput planner -------------------------------------------------------------------
 
 
-class DynamoStyle:
+class DynamoStyle(Base):
     """The throughput planner NVIDIA Dynamo documents, rebuilt on our capacity model.
 
     Every interval: corrections from *mean* TTFT and ITL (prefill: observed / lone-request TTFT at the
@@ -235,7 +255,7 @@ class DynamoStyle:
 # -- fleetpilot's planner --------------------------------------------------------------------------------
 
 
-class Fleetpilot:
+class Fleetpilot(Base):
     """The planner itself: `core.plan_interval`, the same call the live planner makes."""
 
     def __init__(self, setting: Setting, predictor: predict.Predictor, *, predictor_name: str, headroom: float,
@@ -326,7 +346,7 @@ def give_up(needs: Sequence[Mapping[FleetPool, int]], setting: Setting, share: f
     return kept
 
 
-class Oracle:
+class Oracle(Base):
     """Perfect foresight: per-window needs (computed from the trace itself), asked for ahead of time.
 
     Its knob runs from cheap to safe like everyone else's: a positive value is the share of intervals

@@ -34,7 +34,7 @@ def poisson_trace(rate: float, seconds: float, *, seed: int = 1, isl: float = 20
     return [Request(float(t), int(i), int(o)) for t, i, o in zip(times, inputs, outputs, strict=True)]
 
 
-class Seesaw:
+class Seesaw(policies.Base):
     """A policy that scales both pools up and down every interval: drains galore."""
 
     name, knob = "seesaw", 0.0
@@ -49,9 +49,6 @@ class Seesaw:
         self.k += 1
         n = 1 if self.k % 2 else 3
         return {"prefill": n, "decode": n}
-
-    def forecast(self) -> float | None:
-        return None
 
 
 def test_every_arrival_finishes_or_is_counted_failed_through_scale_downs() -> None:
@@ -325,3 +322,40 @@ def test_a_graph_argument_reads_name_trace_priority_and_rate() -> None:
         backtest_cli.parse_graph("b=x.csv,weight=3")
     with pytest.raises(argparse.ArgumentTypeError, match="NAME=TRACE"):
         backtest_cli.parse_graph("x.csv")
+
+
+class Reactive(policies.Base):
+    """Decides nothing per interval; between decisions adds a prefill replica whenever prompts queue."""
+
+    name, knob = "reactive", 0.0
+    reactive_period_s = 5.0
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+        self.queued: list[float] = []
+        self.current: dict[fleetsim.FleetPool, int] = {"prefill": 1, "decode": 4}
+
+    def initial(self) -> dict[fleetsim.FleetPool, int]:
+        return dict(self.current)
+
+    def decide(self, stats: fleetsim.WindowStats, now: float) -> dict[fleetsim.FleetPool, int]:
+        return dict(self.current)
+
+    def react(self, stats: fleetsim.WindowStats, now: float) -> dict[fleetsim.FleetPool, int] | None:
+        self.calls.append(now)
+        self.queued.append(stats.prefill_queued_tokens)
+        if stats.prefill_queued_tokens > 0 and self.current["prefill"] < 8:
+            self.current = {**self.current, "prefill": self.current["prefill"] + 1}
+            return dict(self.current)
+        return None
+
+
+def test_a_fast_loop_runs_between_decisions_and_sees_the_prompt_queue() -> None:
+    requests = poisson_trace(12.0, 120.0, isl=4096, osl=16)  # more prompt work than one prefill replica does
+    policy = Reactive()
+    fleet = driver.RequestFleet(CONFIG, requests, policy.initial())
+    result = driver.run(fleet, policy, duration_s=120.0, interval_s=30.0, sla=SLA)
+    assert policy.calls == [t + k * 5.0 for t in (0.0, 30.0, 60.0, 90.0) for k in range(1, 6)]
+    assert max(policy.queued) > 0
+    assert result.actions == policy.current["prefill"] - 1 > 0
+    assert fleet.active("prefill") == policy.current["prefill"]
