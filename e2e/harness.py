@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ import podrunner
 import yaml
 
 from fleetpilot.devcluster import cluster as devcluster
+from fleetpilot.devcluster import processes
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -64,13 +64,6 @@ def wait_for(check: Callable[[], Any], *, timeout: float, what: str | Callable[[
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what};"
                          f" last seen: {last!r}")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclasses.dataclass
@@ -110,7 +103,7 @@ class ManagedProcess:
             log.flush()
             self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, env=self.env)
-        self.pid_path.write_text(f"{self.popen.pid}\n{self.argv[0]}\n")
+        processes.record(self.pid_path, self.popen.pid)
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -118,23 +111,15 @@ class ManagedProcess:
     def stop(self, *, timeout: float = 20.0) -> None:
         pid = self.saved_pid()
         if pid is not None:
-            devcluster.terminate_group(pid, timeout=timeout)
+            processes.terminate_group(pid, timeout=timeout)
         if self.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=1)
         self.pid_path.unlink(missing_ok=True)
 
     def saved_pid(self) -> int | None:
-        """The saved PID while it is still this process (guards against PID reuse)."""
-        if not self.pid_path.is_file():
-            return None
-        lines = self.pid_path.read_text().split()
-        pid, binary = int(lines[0]), lines[1]
-        try:
-            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return None
-        return pid if binary.encode() in words[:2] else None
+        """The saved PID while that very process still runs (guards against PID reuse)."""
+        return processes.alive(self.pid_path)
 
     def log(self, tail: int = 4000) -> str:
         try:
@@ -178,7 +163,7 @@ class Harness:
         """Start everything from scratch (a running e2e cluster is replaced); returns seconds per step."""
         timings: dict[str, float] = {}
 
-        def step(name: str, action: Callable[[], None]) -> None:
+        def step(name: str, action: Callable[[], object]) -> None:
             started = time.monotonic()
             action()
             timings[name] = round(time.monotonic() - started, 1)

@@ -52,6 +52,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fleetpilot.devcluster import processes
+
 logger = logging.getLogger("podrunner")
 
 OWNED_LABEL = ("fleetpilot.dev/framework", "simulator")
@@ -99,7 +101,7 @@ def field_value(pod: Manifest, path: str, *, pod_ip: str, host_ip: str) -> str:
         "status.hostIPs": host_ip,
     }
     if path in simple:
-        return simple[path]
+        return str(simple[path])
     found = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
     if found:
         return str(meta.get(found.group(1), {}).get(found.group(2), ""))
@@ -456,7 +458,7 @@ class PodRunner:
                 *running.argv, stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
                 env=running.env, start_new_session=True,
             )
-        (self.pids / f"{running.uid}.pid").write_text(f"{running.process.pid}\n{running.argv[0]}\n")
+        processes.record(self.pids / f"{running.uid}.pid", running.process.pid)
         running.started_at = now_rfc3339()
         running.started = running.ready = False
         logger.info("%s: started pid %d on %s", running.key, running.process.pid, running.ip)
@@ -703,15 +705,8 @@ def reap(state: Path) -> list[int]:
     """Kill what a runner that died without cleaning up left behind (by its saved PIDs)."""
     killed = []
     for pid_file in (state / "pids").glob("*.pid"):
-        lines = pid_file.read_text().split()
-        pid, binary = int(lines[0]), lines[1] if len(lines) > 1 else ""
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            pid_file.unlink(missing_ok=True)
-            continue
-        # Scripts run as `python script`: the saved binary is then the second word.
-        if binary.encode() in cmdline[:2]:
+        pid = processes.alive(pid_file)
+        if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
             killed.append(pid)

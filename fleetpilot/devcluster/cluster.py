@@ -14,10 +14,8 @@ the simulator's pods as local processes): kwok's pod stages then skip those pods
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -31,6 +29,8 @@ import httpx
 import yaml
 
 from fleetpilot.devcluster import pki as pki_mod
+from fleetpilot.devcluster import processes
+from fleetpilot.devcluster.processes import terminate_group
 
 K8S_VERSION = os.environ.get("FLEETPILOT_K8S_VERSION", "v1.30.14")
 KWOK_VERSION = os.environ.get("FLEETPILOT_KWOK_VERSION", "v0.8.0")
@@ -113,6 +113,7 @@ class Cluster:
         self.folder = config.folder
         self.pids = self.folder / "pids"
         self.logs = self.folder / "logs"
+        self._children: dict[str, subprocess.Popen[bytes]] = {}  # what this object started: the surest liveness
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -157,12 +158,12 @@ class Cluster:
         """Stop the processes named by the saved PIDs, newest first."""
         for name in reversed(self.PROCESSES):
             pid = self._pid(name)
-            if pid is None:
-                continue
-            terminate_group(pid, timeout=10)
+            if pid is not None:
+                terminate_group(pid, timeout=10)  # also reaps it when it is our child
+                if not quiet:
+                    print(f"stopped {name} (pid {pid})")
+            self._children.pop(name, None)
             (self.pids / f"{name}.pid").unlink(missing_ok=True)
-            if not quiet:
-                print(f"stopped {name} (pid {pid})")
 
     def running(self) -> bool:
         return all(self._pid(name) is not None for name in self.PROCESSES)
@@ -217,21 +218,21 @@ class Cluster:
             process = subprocess.Popen(
                 argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        (self.pids / f"{name}.pid").write_text(f"{process.pid}\n{argv[0]}\n")
+        processes.record(self.pids / f"{name}.pid", process.pid)
+        self._children[name] = process
 
     def _pid(self, name: str) -> int | None:
-        """The saved PID if that process is still the one we started (guards against PID reuse)."""
-        path = self.pids / f"{name}.pid"
-        if not path.is_file():
-            return None
-        lines = path.read_text().split()
-        pid, binary = int(lines[0]), lines[1] if len(lines) > 1 else ""
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return None
-        return pid if cmdline == binary and state != "Z" else None
+        """The PID of `name` while that very process still runs: our own child's by its handle, else the
+        saved one by PID and start time (see `processes`)."""
+        child = self._children.get(name)
+        if child is not None:
+            return child.pid if child.poll() is None else None
+        return processes.alive(self.pids / f"{name}.pid")
+
+    def _exit_note(self, name: str) -> str:
+        child = self._children.get(name)
+        code = child.poll() if child is not None else None
+        return f"{name} exited with code {code}" if code is not None else f"{name} is not running"
 
     def _start_etcd(self) -> None:
         port = self.config.etcd_port
@@ -408,7 +409,7 @@ class Cluster:
             except (httpx.HTTPError, OSError, ValueError) as error:
                 last_error = error
             if self._pid(process) is None:
-                what = f"{what} ({process} is not running)"
+                what = f"{what} ({self._exit_note(process)})"
                 break
             time.sleep(0.2)
         tail = _tail(self.logs / f"{process}.log")
@@ -436,26 +437,6 @@ def _http_ok(url: str) -> bool:
         return httpx.get(url, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def terminate_group(pid: int, *, timeout: float) -> None:
-    """SIGTERM the process group, then SIGKILL what is left after `timeout`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            try:  # gone, or a zombie nobody reaps: either way it is stopped
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                return
-            if state == "Z":
-                return
-            time.sleep(0.1)
 
 
 def _tail(path: Path, lines: int = 20) -> str:
