@@ -30,7 +30,7 @@ import numpy as np
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import predict
-from fleetpilot.planner.backtest import fleetsim, policies
+from fleetpilot.planner.backtest import fleetsim, policies, scores
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
 from fleetpilot.traces import Request
 
@@ -58,6 +58,10 @@ class FleetModel(Protocol):
         ...
 
     def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores: ...
+
+    def request_scores(self, sla: api.SlaTarget, *, duration_s: float) -> scores.RequestScores:
+        """Request-level attainment (call after `finish`)."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,16 @@ class RequestFleet(fleetsim.FleetSimulator):
     def failed(self) -> int:
         return sum(1 for record in self.records if record.failed)
 
+    def request_scores(self, sla: api.SlaTarget, *, duration_s: float) -> scores.RequestScores:
+        o = self.outcomes()
+        if not hasattr(self, "_unservable"):
+            ttft, itl = scores.lone_latencies(o.isl, o.osl, ttft=self.lone_ttft, itl=self.lone_itl)
+            self._unservable = (ttft > sla.ttft_ms / 1e3) | (itl > sla.itl_ms / 1e3)
+        return scores.score_requests(
+            o.arrival, np.where(o.failed, np.inf, o.ttft), np.where(o.failed, np.inf, o.itl), self._unservable,
+            ttft_target_s=sla.ttft_ms / 1e3, itl_target_s=sla.itl_ms / 1e3, percentile=sla.percentile,
+            duration_s=duration_s)
+
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
@@ -137,10 +151,24 @@ class RunResult:
     failed: int
     actions: int
     timeline: Timeline
+    # Request-level: the primary score (`attainment` above is the share of intervals, kept for continuity).
+    # None only for results built by hand.
+    scores: scores.RequestScores | None = None
 
     @property
     def goodput_per_gpu_hour(self) -> float:
-        return self.good / self.gpu_hours if self.gpu_hours > 0 else 0.0
+        """Requests that met the SLA, per GPU-hour."""
+        good = self.scores.good if self.scores is not None else self.good
+        return good / self.gpu_hours if self.gpu_hours > 0 else 0.0
+
+    @property
+    def request_attainment(self) -> float:
+        return self.scores.attainment if self.scores is not None else self.attainment
+
+    @property
+    def effective(self) -> float:
+        """The score that decides whether the run met the SLA (both rules of `scores`)."""
+        return self.scores.effective if self.scores is not None else self.attainment
 
 
 class _Loop:
@@ -199,12 +227,13 @@ class _Loop:
     def result(self, steps: int, window_s: float | None) -> RunResult:
         gpu_hours = self.fleet.gpu_seconds(steps * self.interval_s) / 3600.0
         self.fleet.finish()
-        scores = self.fleet.sla_windows(window_s or self.interval_s, self.sla, duration_s=steps * self.interval_s)
-        total = int(scores.requests.sum())
+        windows = self.fleet.sla_windows(window_s or self.interval_s, self.sla, duration_s=steps * self.interval_s)
+        total = int(windows.requests.sum())
         rows = self.rows
         return RunResult(
-            policy=self.policy.name, knob=self.policy.knob, gpu_hours=gpu_hours, attainment=scores.attainment,
-            requests=total, good=int(scores.good.sum()), failed=self.fleet.failed(), actions=self.actions,
+            policy=self.policy.name, knob=self.policy.knob, gpu_hours=gpu_hours, attainment=windows.attainment,
+            requests=total, good=int(windows.good.sum()), failed=self.fleet.failed(), actions=self.actions,
+            scores=self.fleet.request_scores(self.sla, duration_s=steps * self.interval_s),
             timeline=Timeline(
                 time=np.array(rows["time"]), rate=np.array(rows["rate"]), forecast=np.array(rows["forecast"]),
                 active={pool: np.array(v) for pool, v in self.active.items()},

@@ -294,6 +294,16 @@ class FleetSimulator:
 
     # -- results --------------------------------------------------------------------------------------
 
+    def lone_ttft(self, isl: int, osl: int = 1) -> float:
+        """A request's TTFT alone on idle replicas: prefill, KV transfer, one decode step (and overhead)."""
+        return (self.timing.ttft(isl) + self.timing.kv_transfer_time(isl, self.config.kv_bandwidth_bytes_per_s)
+                + self.timing.decode_step_time(1, isl))
+
+    def lone_itl(self, isl: int, osl: int) -> float:
+        """Its mean ITL alone: a batch of one at its mean context."""
+        return self.timing.itl(1, isl + osl // 2) if osl > 1 else 0.0
+
+
     def outcomes(self) -> RequestOutcomes:
         """Every request's arrival, TTFT, ITL and lengths (NaN latencies for failed requests)."""
         arrival = np.array([r.arrival for r in self.records])

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner.backtest import scores
 from fleetpilot.planner.backtest.driver import WindowScores
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetConfig, FleetPool, WindowStats
 
@@ -180,6 +181,23 @@ class FluidFleet:
             "decode_waiting": last.decode_backlog_requests,
             "decode_running": last.decode_concurrency * self.ready("decode"),
         }
+
+    def request_scores(self, sla: api.SlaTarget, *, duration_s: float) -> scores.RequestScores:
+        """Each step's arrivals meet the SLA in the proportion its sampled requests do."""
+        lone_ttft = self._lone_prefill + self._transfer + np.array(
+            [self.timing.decode_step_time(1, int(n)) for n in self.isl])
+        lone_itl = np.array([self.timing.itl(1, int(i + o // 2)) if o > 1 else 0.0
+                             for i, o in zip(self.isl, self.osl, strict=True)])
+        eligible = ~((lone_ttft > sla.ttft_ms / 1e3) | (lone_itl > sla.itl_ms / 1e3))
+        counts = self.arrivals[:len(self.steps)]
+        good_share = np.array([float(np.mean(eligible & (step.ttft <= sla.ttft_ms / 1e3)
+                                             & (step.itl <= sla.itl_ms / 1e3))) for step in self.steps])
+        times = np.arange(len(self.steps)) * self.step_s
+        eligible_bins, good_bins = scores.binned(times, counts * float(eligible.mean()), counts * good_share,
+                                                 duration_s=duration_s)
+        total = float(counts.sum())
+        return scores.score_bins(eligible_bins, good_bins, requests=round(total),
+                                 excluded=round(total * (1.0 - float(eligible.mean()))), target=sla.percentile / 100)
 
     def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores:
         per = max(1, round(window_s / self.step_s))

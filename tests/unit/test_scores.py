@@ -1,0 +1,99 @@
+"""Request-level scores on hand-built request lists: the share rule, the excluded rule, the window rule."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fleetpilot.planner.backtest import scores
+
+TTFT, ITL = 1.0, 0.05  # targets, seconds
+
+
+def _score(arrival: list[float], ttft: list[float], itl: list[float], unservable: list[bool] | None = None,
+           *, duration_s: float = 1800.0) -> scores.RequestScores:
+    return scores.score_requests(
+        np.array(arrival), np.array(ttft), np.array(itl),
+        np.array(unservable if unservable is not None else [False] * len(arrival)),
+        ttft_target_s=TTFT, itl_target_s=ITL, percentile=90, duration_s=duration_s)
+
+
+def test_a_request_meets_the_sla_only_when_both_its_ttft_and_its_itl_do() -> None:
+    result = _score([0, 1, 2, 3], ttft=[0.5, 1.5, 0.5, math.inf], itl=[0.01, 0.01, 0.06, math.inf])
+    assert result.good == 1
+    assert result.attainment == pytest.approx(0.25)
+    assert not result.meets
+
+
+def test_requests_no_replica_could_serve_are_excluded_and_counted() -> None:
+    # 100 requests, 10 of them unservable (and, of course, late): the other 90 all meet the SLA.
+    arrival = list(np.linspace(0, 1700, 100))
+    unservable = [i % 10 == 0 for i in range(100)]
+    ttft = [5.0 if bad else 0.2 for bad in unservable]
+    result = _score(arrival, ttft, [0.01] * 100, unservable)
+    assert (result.requests, result.excluded, result.eligible) == (100, 10, 90)
+    assert result.attainment == 1.0
+    assert result.meets
+
+
+def test_a_bad_five_minutes_fails_a_run_whose_average_passes() -> None:
+    # 30 minutes, one request a second; everything is on time except 40% of minutes 10-14.
+    arrival = np.arange(0, 1800, 1.0)
+    late = (arrival >= 600) & (arrival < 900) & (np.arange(1800) % 5 < 2)
+    result = _score(list(arrival), list(np.where(late, 2.0, 0.2)), [0.01] * 1800)
+    assert result.attainment == pytest.approx(1 - 120 / 1800)  # 93%: the average alone would pass
+    assert result.worst_window == pytest.approx(0.6)
+    assert result.worst_window_start == 600
+    assert result.effective == pytest.approx(0.65)
+    assert not result.meets
+
+
+def test_a_window_just_within_the_slack_passes() -> None:
+    arrival = np.arange(0, 1800, 1.0)
+    late = (arrival >= 600) & (arrival < 900) & (np.arange(1800) % 10 < 1)  # 90% in that window
+    late |= (arrival >= 600) & (arrival < 900) & (np.arange(1800) % 20 == 5)  # 85% in that window
+    result = _score(list(arrival), list(np.where(late, 2.0, 0.2)), [0.01] * 1800)
+    assert result.worst_window == pytest.approx(0.85)
+    assert result.meets
+
+
+def test_windows_with_too_few_requests_are_not_judged() -> None:
+    # A quiet trace: 10 requests in 30 minutes, 2 late. No window has 20 requests: only the total counts.
+    result = _score([i * 170.0 for i in range(10)], [2.0, 2.0] + [0.2] * 8, [0.01] * 10)
+    assert math.isnan(result.worst_window)
+    assert result.effective == pytest.approx(0.8)
+
+
+def test_cost_to_meet_interpolates_between_the_settings_around_the_target() -> None:
+    found = scores.cost_to_meet([(10.0, 0.80), (20.0, 0.95), (14.0, 0.86)], target=0.9)
+    assert found.bracketed
+    assert found.gpu_hours == pytest.approx(14 + (0.04 / 0.09) * 6)
+
+
+def test_cost_to_meet_says_when_the_sweep_does_not_bracket_the_target() -> None:
+    cheapest_met = scores.cost_to_meet([(10.0, 0.92), (20.0, 0.99)], target=0.9)
+    assert not cheapest_met.bracketed and cheapest_met.gpu_hours == 10.0
+    never = scores.cost_to_meet([(10.0, 0.5), (20.0, 0.7)], target=0.9)
+    assert never.gpu_hours is None and "70.0%" in never.note
+
+
+def test_a_dearer_setting_that_scores_worse_is_off_the_curve() -> None:
+    # 16 GPU-h scored below 12 GPU-h: the curve goes 12 → 20, and the crossing lies between them.
+    found = scores.cost_to_meet([(12.0, 0.85), (16.0, 0.80), (20.0, 0.95)], target=0.9)
+    assert found.gpu_hours == pytest.approx(12 + (0.05 / 0.10) * 8)
+
+
+def test_lone_latencies_compute_each_distinct_length_pair_once() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def ttft(isl: int, osl: int) -> float:
+        calls.append((isl, osl))
+        return isl / 1000
+
+    ttfts, itls = scores.lone_latencies(np.array([100, 200, 100, 100]), np.array([5, 5, 5, 7]), ttft=ttft,
+                                        itl=lambda isl, osl: 0.01)
+    assert sorted(calls) == [(100, 5), (100, 7), (200, 5)]
+    assert list(ttfts) == [0.1, 0.2, 0.1, 0.1]
+    assert list(itls) == [0.01] * 4
