@@ -368,6 +368,12 @@ def load_rate_series(path: str | Path, *, model: str) -> list[RateWindow]:
     return sorted(windows, key=lambda w: w.t_start_s)
 
 
+def rate_series_models(path: str | Path) -> list[str]:
+    """The models a ServeGen rate series has windows for, sorted."""
+    with _open(Path(path)) as file:
+        return sorted({w.model for w in parse_servegen(file)})
+
+
 def load(
     path: str | Path,
     *,

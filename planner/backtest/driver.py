@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -331,13 +331,28 @@ def run_shared(graphs: Sequence[SharedGraph], *, budget: int, duration_s: float,
 # -- the oracle's needs ------------------------------------------------------------------------------
 
 
+def fewest(lo: int, hi: int, enough: Callable[[int], bool]) -> int:
+    """The smallest n in [lo, hi] for which `enough(n)` holds (taken as monotone), by bisection; `hi`
+    when none does. Replica counts at ×16 run to the hundreds: a linear walk simulates each one."""
+    if enough(lo):
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if enough(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, setting: policies.Setting, *,
-                  margin: float) -> list[dict[FleetPool, int]]:
-    """Per interval, the fewest prefill then decode replicas whose SLA percentile latencies stay within
-    `margin` × target on that interval's requests (simulated alone, on replicas that are already up).
+                  attainment: float) -> list[dict[FleetPool, int]]:
+    """Per interval, the fewest prefill then decode replicas with which at least `attainment` of the
+    interval's servable requests meet the SLA (simulated alone, on replicas that are already up).
 
     Prefill is searched with decode at its maximum, then decode with that prefill count; a pool that
-    cannot meet the target even at its maximum gets its maximum.
+    cannot reach it even at its maximum gets its maximum. Requests no idle replica could serve are left
+    out, as the scores leave them out.
     """
     sla = setting.sla
     interval = setting.interval_s
@@ -345,59 +360,41 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
     arrivals = np.array([r.arrival_s for r in requests])
     count = max(1, math.ceil((arrivals.max() if len(arrivals) else 0.0) / interval) + 1)
     bounds = np.searchsorted(arrivals, np.arange(count + 1) * interval)
-    ttft_target, itl_target = sla.ttft_ms / 1e3 * margin, sla.itl_ms / 1e3 * margin
+    ttft_target, itl_target = sla.ttft_ms / 1e3, sla.itl_ms / 1e3
     (p_lo, p_hi), (d_lo, d_hi) = setting.bounds["prefill"], setting.bounds["decode"]
+    probe = fleetsim.FleetSimulator(instant, [], {"prefill": 0, "decode": 0})
     needs: list[dict[FleetPool, int]] = []
     for w in range(count):
         chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - w * interval)
-                 for r in requests[bounds[w]:bounds[w + 1]]]
+                 for r in requests[bounds[w]:bounds[w + 1]]
+                 if probe.lone_ttft(r.input_tokens) <= ttft_target
+                 and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target]
         if not chunk:
             needs.append({"prefill": p_lo, "decode": d_lo})
             continue
 
-        def percentiles(prefill: int, decode: int, chunk: list[Request] = chunk) -> tuple[float, float]:
+        def met(prefill: int, decode: int, *, itl: bool, chunk: list[Request] = chunk) -> bool:
             sim = fleetsim.FleetSimulator(instant, chunk, {"prefill": prefill, "decode": decode})
             sim.finish()
             o = sim.outcomes()
-            ttft = np.where(o.failed, np.inf, o.ttft)
-            itl = np.where(o.failed, np.inf, o.itl)[o.osl > 1]
-            return (float(np.percentile(ttft, sla.percentile)),
-                    float(np.percentile(itl, sla.percentile)) if itl.size else 0.0)
+            good = ~o.failed & (o.ttft <= ttft_target)
+            if itl:
+                good &= o.itl <= itl_target
+            return float(good.mean()) >= attainment - 1e-12
 
-        prefill = next((p for p in range(max(p_lo, 1), p_hi + 1) if percentiles(p, d_hi)[0] <= ttft_target), p_hi)
-        decode = next((d for d in range(max(d_lo, 1), d_hi + 1)
-                       if _within(percentiles(prefill, d), ttft_target, itl_target)), d_hi)
+        prefill = fewest(max(p_lo, 1), p_hi, lambda p: met(p, d_hi, itl=False))
+        decode = fewest(max(d_lo, 1), d_hi, lambda d, p=prefill: met(p, d, itl=True))  # type: ignore[misc]
         needs.append({"prefill": prefill, "decode": decode})
     return needs
-
-
-def _within(latencies: tuple[float, float], ttft_target: float, itl_target: float) -> bool:
-    return latencies[0] <= ttft_target and latencies[1] <= itl_target
 
 
 # -- comparing policies ------------------------------------------------------------------------------
 
 
-def gpu_hours_at(results: Sequence[RunResult], attainment: float) -> float | None:
-    """The GPU-hours a policy needs to reach `attainment`, read off its sweep (linear between points).
-
-    The curve is the best attainment reachable for at most a given cost (a cheaper setting that did
-    better counts for the dearer ones too); None when no setting reached it.
-    """
-    points = sorted((r.gpu_hours, r.attainment) for r in results)
-    best = -math.inf
-    previous: tuple[float, float] | None = None
-    for cost, reached in points:
-        if reached <= best:
-            continue
-        if reached >= attainment:
-            if previous is None or previous[1] >= attainment:
-                return cost
-            (c0, a0), (c1, a1) = previous, (cost, reached)
-            return c0 + (attainment - a0) * (c1 - c0) / (a1 - a0)
-        best = reached
-        previous = (cost, reached)
-    return None
+def cost_to_meet(results: Sequence[RunResult], target: float, *,
+                 score: Callable[[RunResult], float] = lambda r: r.effective) -> scores.CostToMeet:
+    """The GPU-hours a sweep needs for `score` to reach `target` (see `scores.cost_to_meet`)."""
+    return scores.cost_to_meet([(r.gpu_hours, score(r)) for r in results], target)
 
 
 def interval_rates(requests: Sequence[Request], interval_s: float, duration_s: float) -> np.ndarray:

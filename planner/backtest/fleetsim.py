@@ -303,7 +303,6 @@ class FleetSimulator:
         """Its mean ITL alone: a batch of one at its mean context."""
         return self.timing.itl(1, isl + osl // 2) if osl > 1 else 0.0
 
-
     def outcomes(self) -> RequestOutcomes:
         """Every request's arrival, TTFT, ITL and lengths (NaN latencies for failed requests)."""
         arrival = np.array([r.arrival for r in self.records])

@@ -31,7 +31,7 @@ import numpy as np
 
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner.backtest import scores
-from fleetpilot.planner.backtest.driver import WindowScores
+from fleetpilot.planner.backtest.driver import WindowScores, fewest
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetConfig, FleetPool, WindowStats
 
 _SAMPLE = 2000  # requests in the length sample; every percentile is read off it
@@ -182,13 +182,18 @@ class FluidFleet:
             "decode_running": last.decode_concurrency * self.ready("decode"),
         }
 
-    def request_scores(self, sla: api.SlaTarget, *, duration_s: float) -> scores.RequestScores:
-        """Each step's arrivals meet the SLA in the proportion its sampled requests do."""
+    def servable(self, sla: api.SlaTarget) -> np.ndarray:
+        """Which sampled requests could meet the SLA alone on idle replicas (the others are excluded)."""
         lone_ttft = self._lone_prefill + self._transfer + np.array(
             [self.timing.decode_step_time(1, int(n)) for n in self.isl])
         lone_itl = np.array([self.timing.itl(1, int(i + o // 2)) if o > 1 else 0.0
                              for i, o in zip(self.isl, self.osl, strict=True)])
-        eligible = ~((lone_ttft > sla.ttft_ms / 1e3) | (lone_itl > sla.itl_ms / 1e3))
+        servable: np.ndarray = ~((lone_ttft > sla.ttft_ms / 1e3) | (lone_itl > sla.itl_ms / 1e3))
+        return servable
+
+    def request_scores(self, sla: api.SlaTarget, *, duration_s: float) -> scores.RequestScores:
+        """Each step's arrivals meet the SLA in the proportion its sampled requests do."""
+        eligible = self.servable(sla)
         counts = self.arrivals[:len(self.steps)]
         good_share = np.array([float(np.mean(eligible & (step.ttft <= sla.ttft_ms / 1e3)
                                              & (step.itl <= sla.itl_ms / 1e3))) for step in self.steps])
@@ -317,31 +322,35 @@ def _weighted_percentile(samples: Sequence[np.ndarray], weights: np.ndarray, per
     return float(values[order][min(position, len(values) - 1)])
 
 
-def fluid_needs(fleet: FluidFleet, *, interval_s: float, sla: api.SlaTarget, margin: float,
+def fluid_needs(fleet: FluidFleet, *, interval_s: float, sla: api.SlaTarget, attainment: float,
                 bounds: Mapping[FleetPool, tuple[int, int]]) -> list[dict[FleetPool, int]]:
-    """Per interval, the fewest prefill then decode replicas whose latencies meet `margin` × the SLA
-    at every step of the interval (no backlog carried in): the oracle's needs on the fluid model."""
+    """Per interval, the fewest prefill then decode replicas with which at least `attainment` of the
+    servable sampled requests meet the SLA at the interval's busiest step (no backlog carried in): the
+    oracle's needs on the fluid model."""
     per = max(1, round(interval_s / fleet.step_s))
     count = math.ceil(len(fleet.arrivals) / per)
-    ttft_target, itl_target = sla.ttft_ms / 1e3 * margin, sla.itl_ms / 1e3 * margin
+    ttft_target, itl_target = sla.ttft_ms / 1e3, sla.itl_ms / 1e3
     (p_lo, p_hi), (d_lo, d_hi) = bounds["prefill"], bounds["decode"]
-    q = sla.percentile
+    servable = fleet.servable(sla)
+    share = max(float(servable.mean()), 1e-12)
+
+    def met(latency: StepLatency, *, itl: bool) -> bool:
+        good = servable & (latency.ttft <= ttft_target)
+        if itl:
+            good &= latency.itl <= itl_target
+        return float(good.mean()) / share >= attainment - 1e-12
+
     needs: list[dict[FleetPool, int]] = []
     for w in range(count):
         peak = float(fleet.arrivals[w * per:(w + 1) * per].max()) / fleet.step_s
         if peak <= 0:
             needs.append({"prefill": p_lo, "decode": d_lo})
             continue
-        prefill = next((p for p in range(max(p_lo, 1), p_hi + 1)
-                        if np.percentile(fleet.latency(peak, p, d_hi).ttft, q) <= ttft_target), p_hi)
-        decode = next((d for d in range(max(d_lo, 1), d_hi + 1)
-                       if _meets(fleet.latency(peak, prefill, d), q, ttft_target, itl_target)), d_hi)
+        prefill = fewest(max(p_lo, 1), p_hi, lambda p, r=peak: met(fleet.latency(r, p, d_hi), itl=False))  # type: ignore[misc]
+        decode = fewest(max(d_lo, 1), d_hi,
+                        lambda d, r=peak, p=prefill: met(fleet.latency(r, p, d), itl=True))  # type: ignore[misc]
         needs.append({"prefill": prefill, "decode": decode})
     return needs
-
-
-def _meets(latency: StepLatency, q: float, ttft_target: float, itl_target: float) -> bool:
-    return bool(np.percentile(latency.ttft, q) <= ttft_target and np.percentile(latency.itl, q) <= itl_target)
 
 
 def poisson_counts(rates_rps: Sequence[float] | np.ndarray, *, step_s: float, seed: int = 0) -> np.ndarray:

@@ -8,9 +8,10 @@ aggressiveness knob, so that a sweep can draw its cost–attainment curve:
 |---|---|---|
 | `static-peak` / `static-mean` | a fixed fleet sized (by the planner's sizing) for the trace's peak / mean interval | load factor |
 | `hpa` | Kubernetes' HPA formula on utilisation (prefill busy share, decode KV usage), 300 s down-stabilisation, 10% tolerance | target utilisation |
-| `dynamo` | a throughput planner as NVIDIA Dynamo documents it: mean TTFT/ITL corrections (prefill capped at 1), next-interval forecast, no hold | load factor |
+| `dynamo` | NVIDIA Dynamo's planner as documented today: a predictive throughput loop every 180 s sets a floor, a load loop every 5 s steps ±1 replica on the engines' queues | share of the SLA targets it is given |
+| `dynamo-v1` | Dynamo's earlier throughput-only planner: mean TTFT/ITL corrections (prefill capped at 1), next-interval forecast, no hold | load factor |
 | `fleetpilot-<predictor>` | the real planner core (`core.plan_interval`) | headroom |
-| `oracle` | perfect foresight: the fewest replicas per window that meet the SLA, asked for a startup time ahead | share given up (< 0: latency margin) |
+| `oracle` | perfect foresight: the fewest replicas per window with which a share of its requests meets the SLA, asked for a startup time ahead | that share |
 
 Pure: no I/O and no clock. The oracle's per-window needs are computed by the caller (it needs the
 fleet model) and handed in as plain numbers.
@@ -202,11 +203,11 @@ class Hpa(Base):
         return None
 
 
-# -- Dynamo-style throughput planner -------------------------------------------------------------------
+# -- NVIDIA Dynamo's planners ----------------------------------------------------------------------------
 
 
-class DynamoStyle(Base):
-    """The throughput planner NVIDIA Dynamo documents, rebuilt on our capacity model.
+class DynamoV1(Base):
+    """Dynamo's earlier throughput-only planner, rebuilt on our capacity model.
 
     Every interval: corrections from *mean* TTFT and ITL (prefill: observed / lone-request TTFT at the
     observed ISL, used only when it is below 1; decode: observed / expected ITL at the observed load),
@@ -216,7 +217,7 @@ class DynamoStyle(Base):
 
     def __init__(self, setting: Setting, predictor: predict.Predictor, *, factor: float,
                  initial: Mapping[FleetPool, int]) -> None:
-        self.name = "dynamo"
+        self.name = "dynamo-v1"
         self.knob = factor
         self.setting = setting
         self.predictor = predictor
@@ -250,6 +251,143 @@ class DynamoStyle(Base):
 
     def forecast(self) -> float | None:
         return self._last_forecast
+
+
+class Dynamo(Base):
+    """Dynamo's planner as its planner guide and design documents describe it, with both loops on
+    (`enable_throughput_scaling` and `enable_load_scaling`), rebuilt on our capacity model.
+
+    - **Throughput loop**, every 180 s (`throughput_adjustment_interval`): forecast the next
+      interval's request rate, then replicas = rate / what one engine sustains within the target
+      (prefill: prompt throughput at the forecast ISL; decode: the highest rate whose ITL stays
+      within target). With the load loop on, this only sets each pool's **floor**.
+    - **Load loop**, every 5 s (`load_adjustment_interval`), per pool, from the engines' gauges:
+      estimate the next request's TTFT from the queued prompt tokens per worker (decode: the ITL at
+      the sequences per worker). All workers above target: one more replica. Scale-down by one
+      when the survivors, taking the removed worker's share (× N/(N−1)), would still be within
+      target × 0.8 (`load_scaling_down_sensitivity` 80; for prefill the margin applies to the
+      queueing part of TTFT only). A pool with replicas still starting is only observed.
+    - Result: max(load decision, floor), within bounds.
+
+    Dynamo fits its per-engine latency model online; here both loops read the same capacity model
+    every policy gets, so the comparison is about the control loops, not the model. The knob is
+    how a Dynamo user buys margin: the share of the real SLA targets the planner is configured with.
+    """
+
+    THROUGHPUT_INTERVAL_S = 180.0
+    LOAD_INTERVAL_S = 5.0
+    DOWN_SENSITIVITY = 0.8
+
+    def __init__(self, setting: Setting, predictor: predict.Predictor, *, target_share: float,
+                 initial: Mapping[FleetPool, int]) -> None:
+        if target_share <= 0:
+            raise ValueError(f"the share of the SLA targets must be positive, got {target_share}")
+        self.name = "dynamo"
+        self.knob = target_share
+        self.reactive_period_s = self.LOAD_INTERVAL_S
+        self.setting = setting
+        self.predictor = predictor
+        self.ttft_s = setting.sla.ttft_ms / 1e3 * target_share
+        self.itl_s = setting.sla.itl_ms / 1e3 * target_share
+        self._current = setting.clamp(initial)
+        self._initial = dict(self._current)
+        self.floor: Replicas = {pool: lo for pool, (lo, _) in setting.bounds.items()}
+        self._rates: list[float] = []  # one per throughput interval
+        self._pending = (0.0, 0, 0.0, 0.0)  # seconds, arrivals, ISL and OSL token sums since the last tick
+        self._isl: float | None = None
+        self._osl: float | None = None
+        self._last_forecast: float | None = None
+
+    def initial(self) -> Replicas:
+        return dict(self._initial)
+
+    def forecast(self) -> float | None:
+        return self._last_forecast
+
+    def decide(self, stats: WindowStats, now: float) -> Replicas:
+        self._observe(stats)
+        if self._pending[0] >= self.THROUGHPUT_INTERVAL_S - 1e-6:
+            self._throughput_tick()
+        reaction = self.react(stats, now)
+        return dict(reaction) if reaction is not None else dict(self._current)
+
+    def react(self, stats: WindowStats, now: float) -> Replicas | None:
+        if stats.isl_mean is not None and stats.osl_mean is not None:
+            self._isl, self._osl = stats.isl_mean, stats.osl_mean
+        wanted = dict(self._current)
+        if self._isl is not None and self._osl is not None:
+            for pool in FLEET_POOLS:
+                if stats.active[pool] != stats.ready[pool]:
+                    continue  # scaling in progress: observe only
+                step = self._prefill_step(stats) if pool == "prefill" else self._decode_step(stats)
+                wanted[pool] = stats.ready[pool] + step if step else wanted[pool]
+        decision = self.setting.clamp({pool: max(wanted[pool], self.floor[pool]) for pool in FLEET_POOLS})
+        if decision == self._current:
+            return None
+        self._current = decision
+        return dict(decision)
+
+    # -- the throughput loop --------------------------------------------------------------------------
+
+    def _observe(self, stats: WindowStats) -> None:
+        seconds, arrivals, isl_sum, osl_sum = self._pending
+        n = stats.arrivals
+        self._pending = (seconds + (stats.end - stats.start), arrivals + n,
+                         isl_sum + n * (stats.isl_mean or 0.0), osl_sum + n * (stats.osl_mean or 0.0))
+
+    def _throughput_tick(self) -> None:
+        seconds, arrivals, isl_sum, osl_sum = self._pending
+        self._pending = (0.0, 0, 0.0, 0.0)
+        self._rates.append(arrivals / seconds)
+        if arrivals == 0 or self._isl is None:
+            return
+        isl, osl = isl_sum / arrivals, osl_sum / arrivals
+        forecast = self.predictor.forecast(self._rates, steps=1, step_seconds=self.THROUGHPUT_INTERVAL_S)
+        rate = max(forecast.mean[0], 0.0)
+        self._last_forecast = rate
+        capacity = self.setting.capacity
+        per_prefill = capacity.prefill_tokens_per_s(isl).value / isl
+        per_decode = capacity.decode_rate_per_replica(isl, osl, self.itl_s)
+        most = {pool: hi for pool, (_, hi) in self.setting.bounds.items()}
+        self.floor = self.setting.clamp({
+            "prefill": math.ceil(rate / per_prefill - 1e-9) if per_prefill > 0 else most["prefill"],
+            "decode": math.ceil(rate / per_decode - 1e-9) if per_decode > 0 else most["decode"],
+        })
+
+    # -- the load loop --------------------------------------------------------------------------------
+
+    def _prefill_step(self, stats: WindowStats) -> int:
+        """+1, −1 or 0 prefill replicas from the prompt tokens queued per worker."""
+        workers = stats.ready["prefill"]
+        if workers == 0 or self._isl is None:
+            return 0
+        capacity = self.setting.capacity
+        own = capacity.lone_ttft_s(self._isl).value  # the next prompt's own compute, queue empty
+        tokens_per_s = capacity.prefill_tokens_per_s(self._isl).value
+        queued = stats.prefill_queued_tokens / workers
+        if own + queued / tokens_per_s > self.ttft_s:
+            return 1
+        budget = (self.ttft_s - own) * self.DOWN_SENSITIVITY
+        if workers > 1 and budget > 0 and queued * workers / (workers - 1) / tokens_per_s < budget:
+            return -1
+        return 0
+
+    def _decode_step(self, stats: WindowStats) -> int:
+        """+1, −1 or 0 decode replicas from the sequences per worker (running and waiting)."""
+        workers = stats.ready["decode"]
+        if workers == 0 or self._isl is None or self._osl is None:
+            return 0
+        capacity = self.setting.capacity
+        context = self._isl + self._osl / 2
+        sequences = (stats.decode_running + stats.decode_waiting) / workers
+        if capacity.itl_s(sequences, context).value > self.itl_s:
+            return 1
+        if workers > 1:
+            survivors = workers / (workers - 1)
+            fits = stats.decode_kv_usage * survivors < 1.0
+            if fits and capacity.itl_s(sequences * survivors, context).value < self.itl_s * self.DOWN_SENSITIVITY:
+                return -1
+        return 0
 
 
 # -- fleetpilot's planner --------------------------------------------------------------------------------
@@ -332,34 +470,19 @@ def lookahead_targets(needs: Sequence[Mapping[FleetPool, int]], *, interval_s: f
     return targets
 
 
-def give_up(needs: Sequence[Mapping[FleetPool, int]], setting: Setting, share: float) -> list[dict[FleetPool, int]]:
-    """The cheapest way to miss `share` of the intervals: leave the dearest ones at the minimum fleet.
-
-    Needs at the minimum cost nothing to give up, so only intervals that need more are candidates.
-    """
-    mins = {pool: lo for pool, (lo, _) in setting.bounds.items()}
-    kept = [dict(need) for need in needs]
-    extra = sorted(((sum(need[p] - mins[p] for p in FLEET_POOLS), k) for k, need in enumerate(needs)), reverse=True)
-    for cost, k in extra[:math.floor(share * len(needs))]:
-        if cost > 0:
-            kept[k] = dict(mins)
-    return kept
-
-
 class Oracle(Base):
     """Perfect foresight: per-window needs (computed from the trace itself), asked for ahead of time.
 
-    Its knob runs from cheap to safe like everyone else's: a positive value is the share of intervals
-    it gives up (the dearest ones, left at the minimum fleet: the least GPUs for that attainment), a
-    negative one tightens the latency targets it sizes for (−0.1: 90% of target) for a safety margin.
+    Its knob is the share of each window's requests the needs were sized to serve within the SLA
+    (`driver.request_needs`): from cheap to safe like everyone else's, and by construction the least
+    GPUs for that attainment in every window.
     """
 
     def __init__(self, setting: Setting, needs: Sequence[Mapping[FleetPool, int]], *, knob: float) -> None:
         self.name = "oracle"
         self.knob = knob
         self.setting = setting
-        chosen = give_up(needs, setting, knob) if knob > 0 else needs
-        self.targets = lookahead_targets(chosen, interval_s=setting.interval_s, startup_s=setting.startup_s)
+        self.targets = lookahead_targets(needs, interval_s=setting.interval_s, startup_s=setting.startup_s)
 
     def initial(self) -> Replicas:
         return self._at(0)

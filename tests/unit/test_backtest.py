@@ -4,6 +4,7 @@ GPU budgets, and the command with and without matplotlib."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -136,16 +137,23 @@ def test_window_attainment_counts_only_windows_with_requests() -> None:
     assert scores.good.sum() == 2
 
 
-def test_gpu_hours_at_interpolates_along_the_best_curve() -> None:
-    def result(gpu_hours: float, attainment: float) -> driver.RunResult:
+def test_a_sweep_is_extended_past_its_ends_until_it_brackets_the_target() -> None:
+    """A made-up policy whose score is its knob: a sweep of settings that all meet 90% goes leaner until
+    one misses; one whose settings all miss goes dearer until one meets."""
+    def run(knob: float) -> driver.RunResult:
         empty = np.zeros(0)
         timeline = driver.Timeline(empty, empty, empty, {}, {}, empty, empty)
-        return driver.RunResult("p", 0, gpu_hours, attainment, 1, 1, 0, 0, timeline)
+        return driver.RunResult("p", knob, 10 * knob, knob, 1, 1, 0, 0, timeline)
 
-    curve = [result(1.0, 0.5), result(2.0, 0.98), result(3.0, 1.0), result(2.5, 0.9)]
-    assert driver.gpu_hours_at(curve, 0.99) == pytest.approx(2.5)
-    assert driver.gpu_hours_at(curve, 0.5) == 1.0
-    assert driver.gpu_hours_at([result(1.0, 0.5)], 0.99) is None
+    lean = evaluate._bracket([run(0.95), run(0.99)], run, target=0.9, leaner=lambda k: k - 0.04,
+                             dearer=lambda k: k + 0.04)
+    assert [round(r.knob, 2) for r in lean] == [0.91, 0.87]
+    dear = evaluate._bracket([run(0.5), run(0.6)], run, target=0.9, leaner=lambda k: k - 0.1,
+                             dearer=lambda k: k + 0.15)
+    assert [round(r.knob, 2) for r in dear] == [0.75, 0.9]
+    stuck = evaluate._bracket([run(0.5)], run, target=0.9, leaner=lambda k: None, dearer=lambda k: k + 0.01)
+    assert len(stuck) == evaluate.MAX_EXTENSIONS  # gives up: the report then says it was not bracketed
+    assert driver.cost_to_meet([run(0.87), run(0.91)], 0.9).bracketed
 
 
 def test_lookahead_asks_for_the_highest_need_until_new_replicas_can_be_ready() -> None:
@@ -185,22 +193,22 @@ def azure_scenario() -> evaluate.Scenario:
         rate_factor=4.0, duration_s=900.0)
 
 
-def test_no_policy_beats_the_oracle_on_gpu_hours_at_equal_attainment(azure_scenario: evaluate.Scenario) -> None:
+def test_no_policy_beats_the_oracle_on_gpu_hours_at_equal_score(azure_scenario: evaluate.Scenario) -> None:
     knobs = {**evaluate.KNOBS, "static-peak": (1.0, 1.5, 2.0, 3.0), "fleetpilot": (0.0, 0.2, 0.4),
-             "oracle": (0.5, 0.3, 0.2, 0.1, 0.05, 0.0, -0.2),
-             "hpa": (0.7, 0.4, 0.2)}
-    oracle = evaluate.run_group(azure_scenario, "oracle", knobs=knobs).results
-    floor = min(r.attainment for r in oracle)
-    for group in ("static-peak", "hpa", "fleetpilot-constant"):
-        for run in evaluate.run_group(azure_scenario, group, knobs=knobs).results:
-            if run.attainment < floor:
+             "oracle": (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0), "hpa": (0.7, 0.4, 0.2), "dynamo": (1.0, 0.7, 0.4)}
+    oracle = evaluate.run_group(azure_scenario, "oracle", knobs=knobs, bracket=False).results
+    floor = min(r.effective for r in oracle)
+    for group in ("static-peak", "hpa", "dynamo", "fleetpilot-constant"):
+        for run in evaluate.run_group(azure_scenario, group, knobs=knobs, bracket=False).results:
+            if run.effective < floor:
                 continue
-            at = driver.gpu_hours_at(oracle, run.attainment)
-            assert at is not None and at <= run.gpu_hours + 1e-9, (group, run.knob, run.attainment, run.gpu_hours, at)
+            at = driver.cost_to_meet(oracle, run.effective).gpu_hours
+            assert at is not None and at <= run.gpu_hours + 1e-9, (group, run.knob, run.effective, run.gpu_hours, at)
 
 
 def test_the_planner_in_the_loop_scales_with_the_load(azure_scenario: evaluate.Scenario) -> None:
-    run = evaluate.run_group(azure_scenario, "fleetpilot-constant", knobs={"fleetpilot": (0.2,)}).results[0]
+    run = evaluate.run_group(azure_scenario, "fleetpilot-constant", knobs={"fleetpilot": (0.2,)},
+                             bracket=False).results[0]
     prefill = run.timeline.active["prefill"]
     assert prefill.max() > prefill.min()  # it scaled
     assert run.actions > 0
@@ -238,12 +246,35 @@ def test_without_matplotlib_the_backtest_writes_its_tables_and_says_plots_were_s
                      "--predictors", "constant", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "GPU-hours at 99% SLA attainment" in printed  # the table
+    assert "GPU-hours to meet the SLA" in printed  # the table
     assert printed.count("plots skipped") == 1 and "pip install 'fleetpilot[plots]'" in printed
     report = (out / "backtest.md").read_text()
     assert "| fleetpilot-constant |" in report and "| oracle |" in report
     assert "plots skipped" in report and "![" not in report  # no image links to files never drawn
     assert not list(out.glob("*.png"))
+
+
+def test_a_servegen_model_the_file_lacks_is_a_one_line_error_naming_those_it_has(tmp_path: Path) -> None:
+    from fleetpilot import cli
+
+    series = tmp_path / "rates.csv"
+    series.write_text("model,t_start_s,total_rate_rps,active_clients\nm-mid,0,1.5,3\nm-small,0,0.5,1\n"
+                      "m-mid,600,2.0,3\nm-small,600,0.7,1\n")
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["planner", "backtest", "--trace", str(series), "--sla", "ttft=500ms,itl=50ms,p=90",
+                  "--profile", str(TRACES / "calibration" / "h200_llama31_8b_fp8_vllm"), "--out", str(tmp_path)])
+    message = str(raised.value)
+    assert "\n" not in message and "no model 'm-large'" in message and "m-mid, m-small" in message
+
+
+def test_replica_bounds_scale_with_the_traffic() -> None:
+    loads = [policies.IntervalLoad(rate, 2048, 128) for rate in (5.0, 20.0, 10.0)]
+    small = evaluate.scaled_bounds(PLANNER_SETTING.capacity, SLA, loads)
+    large = evaluate.scaled_bounds(PLANNER_SETTING.capacity, SLA, [dataclasses.replace(load, rate_rps=load.rate_rps * 16)
+                                                                   for load in loads])
+    assert small["prefill"][0] == 1 and small["prefill"][1] >= 8
+    assert large["prefill"][1] > 4 * small["prefill"][1] / 2  # grows with the rate
+    assert large["decode"][1] >= small["decode"][1]
 
 
 # -- several graphs under one shared GPU budget --------------------------------------------------------------
