@@ -2,14 +2,14 @@
 
 The flow is cli (flags → performance model, limits, identity; runs uvicorn) → server (OpenAI
 completions and chat, `kv_transfer_params`, /health, /metrics) → engine (`Engine`: the real-time
-loop and per-request token streams; `Scheduler`: the pure continuous-batching core over a paged KV
-cache) and metrics (vLLM's metric names, one registry per worker). Timing comes from
-`fleetpilot.perfmodel` through the `engine.TimingModel` protocol.
+loop and per-request token streams) → scheduler (`Scheduler`: the pure continuous-batching core over
+a paged KV cache), and metrics (vLLM's metric names, one registry per worker). Timing comes from
+`fleetpilot.perfmodel` through the `scheduler.TimingModel` protocol.
 
 Library use::
 
-    from fleetpilot.sim import engine, server
+    from fleetpilot.sim import engine, scheduler, server
 
-    sim = engine.Engine(engine.Scheduler(timing, engine.SchedulerConfig()), speedup=10)
+    sim = engine.Engine(scheduler.Scheduler(timing, scheduler.SchedulerConfig()), speedup=10)
     app = server.create_app(server.ServerConfig(served_model="llama-8b", role="decode"), sim)
 """

@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 
 from fleetpilot.sim import engine, server
+from fleetpilot.sim import scheduler as scheduler_mod
 
 logger = logging.getLogger("fleetpilot.sim")
 
@@ -61,7 +62,7 @@ def add_parser(sub: Any) -> None:
 
 def timing_model(
     preset: str, gpu: str, *, tensor_parallel: int, pipeline_parallel: int
-) -> engine.TimingModel:
+) -> scheduler_mod.TimingModel:
     from fleetpilot import perfmodel  # the model's constants are only needed by workers
 
     if preset not in perfmodel.MODELS:
@@ -95,7 +96,7 @@ def cli(args: argparse.Namespace) -> int:
     try:
         timing = timing_model(args.model_preset, args.gpu, tensor_parallel=args.tensor_parallel_size,
                               pipeline_parallel=args.pipeline_parallel_size)
-        scheduler = engine.Scheduler(timing, engine.SchedulerConfig(
+        scheduler = scheduler_mod.Scheduler(timing, scheduler_mod.SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size,

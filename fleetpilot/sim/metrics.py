@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fleetpilot.sim import engine
+from fleetpilot.sim import scheduler
 
 # From a few milliseconds (one decode step) to minutes (a long queue), dense where SLAs sit.
 LATENCY_BUCKETS = (
@@ -33,7 +33,7 @@ ITL_BUCKETS = (
 class _EngineCollector(Collector):
     """Gauges and counters straight from the scheduler's state and totals."""
 
-    def __init__(self, model_name: str, snapshot: Callable[[], engine.Snapshot]) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], scheduler.Snapshot]) -> None:
         self._model_name = model_name
         self._snapshot = snapshot
 
@@ -59,7 +59,7 @@ class _EngineCollector(Collector):
         yield counter("vllm:generation_tokens", "Generated tokens.", snap.generation_tokens)
         success = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
                                       labels=["model_name", "finished_reason"])
-        for reason in sorted({engine.FINISH_LENGTH, *snap.finished}):
+        for reason in sorted({scheduler.FINISH_LENGTH, *snap.finished}):
             success.add_metric([self._model_name, reason], snap.finished.get(reason, 0))
         yield success
 
@@ -71,7 +71,7 @@ class SimMetrics:
         self,
         *,
         model_name: str,
-        snapshot: Callable[[], engine.Snapshot],
+        snapshot: Callable[[], scheduler.Snapshot],
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.model_name = model_name
@@ -86,7 +86,7 @@ class SimMetrics:
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS)
         self.queue = histogram("vllm:request_queue_time_seconds", "Arrival to admission.", LATENCY_BUCKETS)
 
-    def observe(self, record: engine.RequestRecord) -> None:
+    def observe(self, record: scheduler.RequestRecord) -> None:
         label = self.model_name
         if record.first_token is not None:
             self.ttft.labels(label).observe(record.first_token - record.arrival)

@@ -46,7 +46,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from fleetpilot.sim import engine
+from fleetpilot.sim import engine, scheduler
 from fleetpilot.sim import metrics as metrics_mod
 
 logger = logging.getLogger("fleetpilot.sim")
@@ -142,15 +142,15 @@ def requested_max_tokens(body: dict[str, Any], *, chat: bool, config: ServerConf
     return value
 
 
-def request_mode(role: Role, kv_transfer_params: Any) -> engine.Mode:
+def request_mode(role: Role, kv_transfer_params: Any) -> scheduler.Mode:
     """Which part of the work this worker does, from its role and the request's kv_transfer_params."""
     if not isinstance(kv_transfer_params, dict):
-        return engine.Mode.FULL
+        return scheduler.Mode.FULL
     if role == "prefill" and kv_transfer_params.get("do_remote_decode"):
-        return engine.Mode.PREFILL_ONLY
+        return scheduler.Mode.PREFILL_ONLY
     if role == "decode" and kv_transfer_params.get("do_remote_prefill"):
-        return engine.Mode.REMOTE_PREFILL
-    return engine.Mode.FULL
+        return scheduler.Mode.REMOTE_PREFILL
+    return scheduler.Mode.FULL
 
 
 def error_body(message: str, *, kind: str = "BadRequestError", code: int = 400) -> dict[str, Any]:
@@ -196,11 +196,11 @@ class _Generation:
     chat: bool
     model: str
     created: int
-    mode: engine.Mode
+    mode: scheduler.Mode
     stream: engine.RequestStream
 
-    def kv_transfer_params(self, event: engine.TokenEvent, config: ServerConfig) -> dict[str, Any] | None:
-        if self.mode is not engine.Mode.PREFILL_ONLY or not event.finished:
+    def kv_transfer_params(self, event: scheduler.TokenEvent, config: ServerConfig) -> dict[str, Any] | None:
+        if self.mode is not scheduler.Mode.PREFILL_ONLY or not event.finished:
             return None
         return {
             "do_remote_prefill": True,
@@ -308,16 +308,16 @@ class _Service:
         params = body.get("kv_transfer_params")
         mode = request_mode(self.config.role, params)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        if mode is engine.Mode.PREFILL_ONLY:
+        if mode is scheduler.Mode.PREFILL_ONLY:
             max_tokens = 1  # the decode worker generates; vLLM's proxies ask prefill for one token
-        spec = engine.RequestSpec(prompt_tokens, max_tokens, mode, request_id)
+        spec = scheduler.RequestSpec(prompt_tokens, max_tokens, mode, request_id)
         try:
             stream = self.engine.submit(spec)
-        except engine.RequestRejected as error:
+        except scheduler.RequestRejected as error:
             return _error(str(error))
         except engine.EngineStopped as error:
             return _error(str(error), kind="ServiceUnavailableError", code=503)
-        if mode is engine.Mode.REMOTE_PREFILL and isinstance(params, dict):
+        if mode is scheduler.Mode.REMOTE_PREFILL and isinstance(params, dict):
             self._notify_prefill(params)
         generation = _Generation(request_id, chat, self.config.served_model, int(time.time()), mode, stream)
         if body.get("stream"):
@@ -357,7 +357,7 @@ class _Service:
     async def _collect(self, gen: _Generation, request: Request) -> Response:
         """A non-streaming answer; a client that goes away before it is ready cancels the request."""
 
-        async def consume() -> list[engine.TokenEvent]:
+        async def consume() -> list[scheduler.TokenEvent]:
             async with gen.stream:
                 return [event async for event in gen.stream]
 

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sim_timing import PREFILL_S_PER_TOKEN, FakeTiming
 
 from fleetpilot.sim import engine, server
+from fleetpilot.sim import scheduler as scheduler_mod
 
 MODEL = "llama-8b"
 
@@ -66,7 +67,7 @@ def worker(
 ) -> Iterator[Worker]:
     sock = server.bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    scheduler = engine.Scheduler(FakeTiming(capacity), engine.SchedulerConfig(kv_hold_timeout_s=hold_timeout))
+    scheduler = scheduler_mod.Scheduler(FakeTiming(capacity), scheduler_mod.SchedulerConfig(kv_hold_timeout_s=hold_timeout))
     config = server.ServerConfig(served_model=MODEL, role=role, advertise_host="127.0.0.1",
                                  advertise_port=port, tensor_parallel_size=2)
     app = server.create_app(config, engine.Engine(scheduler, speedup=speedup))
