@@ -165,22 +165,26 @@ def test_killed_decode_worker_fails_only_its_own_stream(fleet: Fleet) -> None:
 def test_sigterm_lets_inflight_streams_finish(fleet: Fleet) -> None:
     import concurrent.futures
 
+    # Long enough (seconds of simulated decode) that on a loaded machine no stream ends before the third
+    # has started: the test is about streams in flight when SIGTERM comes.
+    tokens = 2000
+
     def one_stream() -> list[str]:
-        with httpx.Client(timeout=60) as client:
-            return list(stream_lines(client, fleet.frontend.url, completion(300)))
+        with httpx.Client(timeout=120) as client:
+            return list(stream_lines(client, fleet.frontend.url, completion(tokens)))
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         streams = [pool.submit(one_stream) for _ in range(3)]
         wait_for(lambda: fleet.frontend.metric("fleetpilot_frontend_inflight_requests") == 3, timeout=20,
                  interval=0.02, what="three streams in flight")
         fleet.frontend.signal(signal.SIGTERM)
-        results = [s.result(timeout=60) for s in streams]
+        results = [s.result(timeout=120) for s in streams]
 
     for payloads in results:
         assert payloads[-1] == "[DONE]"
-        tokens = [json.loads(p) for p in payloads[:-1]]
-        assert not any("error" in t for t in tokens)
-        assert sum(1 for t in tokens if t["choices"] and t["choices"][0]["text"]) == 300
+        chunks = [json.loads(p) for p in payloads[:-1]]
+        assert not any("error" in t for t in chunks)
+        assert sum(1 for t in chunks if t["choices"] and t["choices"][0]["text"]) == tokens
     fleet.frontend.popen.wait(timeout=30)  # it exits by itself once drained
     with pytest.raises(httpx.ConnectError):
         httpx.get(fleet.frontend.url + "/health", timeout=2)
