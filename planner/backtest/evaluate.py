@@ -35,7 +35,7 @@ KNOBS: dict[str, tuple[float, ...]] = {
     "static-peak": (0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0),
     "static-mean": (1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
     "hpa": (0.9, 0.7, 0.5, 0.35, 0.25, 0.15),
-    "dynamo": (1.0, 0.85, 0.7, 0.55, 0.4, 0.3),
+    "dynamo": (1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
     "dynamo-v1": (1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
     "fleetpilot": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.65),
     "oracle": (0.6, 0.75, 0.85, 0.9, 0.95, 0.99, 1.0),
@@ -46,7 +46,7 @@ _LEANER: dict[str, Callable[[float], float | None]] = {
     "static-peak": lambda k: k / 1.5 if k > 0.1 else None,
     "static-mean": lambda k: k / 1.5 if k > 0.1 else None,
     "hpa": lambda k: k + (1.0 - k) / 2 if k < 0.98 else None,
-    "dynamo": lambda k: k * 1.5 if k < 10 else None,
+    "dynamo": lambda k: k / 1.5 if k > 0.1 else None,
     "dynamo-v1": lambda k: k / 1.5 if k > 0.1 else None,
     "fleetpilot": lambda k: max(0.0, k - 0.1) if k > 0 else None,  # headroom lies in [0, 1)
     "oracle": lambda k: k - 0.2 if k > 0.25 else None,
@@ -55,7 +55,7 @@ _DEARER: dict[str, Callable[[float], float | None]] = {
     "static-peak": lambda k: k * 1.5 if k < 50 else None,
     "static-mean": lambda k: k * 1.5 if k < 50 else None,
     "hpa": lambda k: k / 1.5 if k > 0.02 else None,
-    "dynamo": lambda k: k / 1.5 if k > 0.05 else None,
+    "dynamo": lambda k: k * 1.5 if k < 50 else None,
     "dynamo-v1": lambda k: k * 1.5 if k < 50 else None,
     "fleetpilot": lambda k: min(0.95, k + 0.15) if k < 0.95 else None,
     "oracle": lambda k: None,  # 1.0: every servable request of every window
@@ -63,7 +63,7 @@ _DEARER: dict[str, Callable[[float], float | None]] = {
 MAX_EXTENSIONS = 3  # steps a sweep may take past each end of its knob list
 
 KNOB_NAMES = {"static-peak": "load factor", "static-mean": "load factor", "hpa": "target utilisation",
-              "dynamo": "share of the SLA targets", "dynamo-v1": "load factor", "fleetpilot": "headroom",
+              "dynamo": "load factor", "dynamo-v1": "load factor", "fleetpilot": "headroom",
               "oracle": "share of each window's requests sized for"}
 
 
@@ -238,26 +238,27 @@ class GroupResult:
 
 def _bracket(results: list[driver.RunResult], one: Callable[[float], driver.RunResult], *, target: float,
              leaner: Callable[[float], float | None], dearer: Callable[[float], float | None]) -> list[driver.RunResult]:
-    """Settings past the ends of a sweep until its cheapest run misses the SLA and its dearest meets it,
-    so that the cost to meet the SLA is read between two runs, not at the end of a range."""
+    """Settings past the ends of a sweep (`results`, in knob order from lean to generous) until its
+    cheapest run misses the SLA and its dearest meets it, so that the cost to meet the SLA is read
+    between two runs, not at the end of a range."""
     added: list[driver.RunResult] = []
+
     def cheapest_meets(runs: list[driver.RunResult]) -> bool:
         return min(runs, key=lambda run: run.gpu_hours).effective >= target
 
     def dearest_misses(runs: list[driver.RunResult]) -> bool:
         return max(run.effective for run in runs) < target
 
-    for step, wants in ((leaner, cheapest_meets), (dearer, dearest_misses)):
+    for step, wants, end in ((leaner, cheapest_meets, results[0].knob), (dearer, dearest_misses, results[-1].knob)):
         for _ in range(MAX_EXTENSIONS):
             every = results + added
             if not wants(every):
                 break
-            end = (min(every, key=lambda r: r.gpu_hours) if step is leaner
-                   else max(every, key=lambda r: (r.effective, -r.gpu_hours)))
-            knob = step(end.knob)
+            knob = step(end)
             if knob is None or any(abs(r.knob - knob) < 1e-9 for r in every):
                 break
             added.append(one(knob))
+            end = knob
     return added
 
 
@@ -287,7 +288,7 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
     elif group == "dynamo":  # its documented default predictor, on its 180 s throughput interval
         arima = policies.MemoPredictor(predict.make_predictor("arima"))
         def factory(k: float) -> policies.Policy:
-            return policies.Dynamo(setting, arima, target_share=k, initial=start)
+            return policies.Dynamo(setting, arima, factor=k, initial=start)
         values = knobs["dynamo"]
     elif group == "dynamo-v1":
         arima = policies.MemoPredictor(predict.make_predictor("arima"))

@@ -8,7 +8,7 @@ aggressiveness knob, so that a sweep can draw its cost–attainment curve:
 |---|---|---|
 | `static-peak` / `static-mean` | a fixed fleet sized (by the planner's sizing) for the trace's peak / mean interval | load factor |
 | `hpa` | Kubernetes' HPA formula on utilisation (prefill busy share, decode KV usage), 300 s down-stabilisation, 10% tolerance | target utilisation |
-| `dynamo` | NVIDIA Dynamo's planner as documented today: a predictive throughput loop every 180 s sets a floor, a load loop every 5 s steps ±1 replica on the engines' queues | share of the SLA targets it is given |
+| `dynamo` | NVIDIA Dynamo's planner as documented today: a predictive throughput loop every 180 s sets a floor, a load loop every 5 s steps ±1 replica on the engines' queues | load factor on the forecast |
 | `dynamo-v1` | Dynamo's earlier throughput-only planner: mean TTFT/ITL corrections (prefill capped at 1), next-interval forecast, no hold | load factor |
 | `fleetpilot-<predictor>` | the real planner core (`core.plan_interval`) | headroom |
 | `oracle` | perfect foresight: the fewest replicas per window with which a share of its requests meets the SLA, asked for a startup time ahead | that share |
@@ -270,25 +270,26 @@ class Dynamo(Base):
     - Result: max(load decision, floor), within bounds.
 
     Dynamo fits its per-engine latency model online; here both loops read the same capacity model
-    every policy gets, so the comparison is about the control loops, not the model. The knob is
-    how a Dynamo user buys margin: the share of the real SLA targets the planner is configured with.
+    every policy gets, so the comparison is about the control loops, not the model. The knob
+    multiplies the throughput loop's forecast: Dynamo has no such setting, it stands for the margin a
+    user buys by overstating the load (the load loop's targets stay the real SLA, as documented).
     """
 
     THROUGHPUT_INTERVAL_S = 180.0
     LOAD_INTERVAL_S = 5.0
     DOWN_SENSITIVITY = 0.8
 
-    def __init__(self, setting: Setting, predictor: predict.Predictor, *, target_share: float,
+    def __init__(self, setting: Setting, predictor: predict.Predictor, *, factor: float,
                  initial: Mapping[FleetPool, int]) -> None:
-        if target_share <= 0:
-            raise ValueError(f"the share of the SLA targets must be positive, got {target_share}")
+        if factor <= 0:
+            raise ValueError(f"the load factor must be positive, got {factor}")
         self.name = "dynamo"
-        self.knob = target_share
+        self.knob = factor
         self.reactive_period_s = self.LOAD_INTERVAL_S
         self.setting = setting
         self.predictor = predictor
-        self.ttft_s = setting.sla.ttft_ms / 1e3 * target_share
-        self.itl_s = setting.sla.itl_ms / 1e3 * target_share
+        self.ttft_s = setting.sla.ttft_ms / 1e3
+        self.itl_s = setting.sla.itl_ms / 1e3
         self._current = setting.clamp(initial)
         self._initial = dict(self._current)
         self.floor: Replicas = {pool: lo for pool, (lo, _) in setting.bounds.items()}
@@ -343,7 +344,7 @@ class Dynamo(Base):
             return
         isl, osl = isl_sum / arrivals, osl_sum / arrivals
         forecast = self.predictor.forecast(self._rates, steps=1, step_seconds=self.THROUGHPUT_INTERVAL_S)
-        rate = max(forecast.mean[0], 0.0)
+        rate = max(forecast.mean[0], 0.0) * self.knob
         self._last_forecast = rate
         capacity = self.setting.capacity
         per_prefill = capacity.prefill_tokens_per_s(isl).value / isl
@@ -384,7 +385,8 @@ class Dynamo(Base):
             return 1
         if workers > 1:
             survivors = workers / (workers - 1)
-            fits = stats.decode_kv_usage * survivors < 1.0
+            # The survivors must hold the removed worker's KV too; sequences already waiting mean a full cache.
+            fits = stats.decode_waiting == 0 and stats.decode_kv_usage * survivors < 1.0
             if fits and capacity.itl_s(sequences * survivors, context).value < self.itl_s * self.DOWN_SENSITIVITY:
                 return -1
         return 0

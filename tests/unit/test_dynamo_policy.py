@@ -37,8 +37,8 @@ def stats(start: float, end: float, *, rate: float = 2.0, ready: tuple[int, int]
         prefill_queued_tokens=queued_tokens, decode_waiting=0.0, decode_running=sequences)
 
 
-def planner(share: float = 1.0, initial: tuple[int, int] = (2, 2)) -> policies.Dynamo:
-    return policies.Dynamo(SETTING, predict.make_predictor("constant"), target_share=share,
+def planner(factor: float = 1.0, initial: tuple[int, int] = (2, 2)) -> policies.Dynamo:
+    return policies.Dynamo(SETTING, predict.make_predictor("constant"), factor=factor,
                            initial={"prefill": initial[0], "decode": initial[1]})
 
 
@@ -81,20 +81,20 @@ def test_the_throughput_loop_sets_a_floor_every_180_seconds_that_the_load_loop_c
     per_prefill = SETTING.capacity.prefill_tokens_per_s(ISL).value / ISL
     assert decision["prefill"] == int(np.ceil(heavy / per_prefill)) > 1
     assert decision["decode"] >= 1
-    assert dynamo.forecast() == heavy
+    assert dynamo.forecast() == heavy  # factor 1: the forecast itself
     # An idle load tick right after (no queue, no sequences) cannot go below the floor.
     assert dynamo.react(stats(180, 185, ready=(1, 1)), 185) is None
 
 
-def test_a_tighter_target_share_buys_more_replicas_for_the_same_load() -> None:
-    def floor(share: float) -> dict[fleetsim.FleetPool, int]:
-        dynamo = planner(share, initial=(1, 1))
+def test_a_higher_load_factor_buys_a_higher_floor_for_the_same_load() -> None:
+    def floor(factor: float) -> dict[fleetsim.FleetPool, int]:
+        dynamo = planner(factor, initial=(1, 1))
         for k in range(3):
             decision = dynamo.decide(stats(60 * k, 60 * (k + 1), rate=40.0, ready=(1, 1)), 60 * (k + 1))
         return decision
 
-    assert floor(0.6)["decode"] >= floor(1.0)["decode"]
-    assert sum(floor(0.6).values()) > sum(floor(1.0).values())
+    assert floor(2.0)["decode"] >= floor(1.0)["decode"]
+    assert floor(2.0)["prefill"] > floor(1.0)["prefill"]
 
 
 def test_in_the_loop_a_load_step_gets_a_replica_within_one_load_period() -> None:
@@ -105,7 +105,7 @@ def test_in_the_loop_a_load_step_gets_a_replica_within_one_load_period() -> None
     requests = [Request(float(t), ISL, OSL) for t in times]
     setting = policies.Setting(capacity=SETTING.capacity, sla=SLA, interval_s=60.0, startup_s=30.0,
                                bounds={"prefill": (1, 16), "decode": (1, 16)})
-    dynamo = policies.Dynamo(setting, predict.make_predictor("constant"), target_share=1.0,
+    dynamo = policies.Dynamo(setting, predict.make_predictor("constant"), factor=1.0,
                              initial={"prefill": 1, "decode": 1})
     fleet = driver.RequestFleet(fleetsim.FleetConfig(timing=TIMING, startup_s=30.0), requests, dynamo.initial())
     seen: list[tuple[float, dict[fleetsim.FleetPool, int]]] = []
