@@ -1,8 +1,9 @@
 """A thin async Kubernetes REST adapter: get, list, watch, create, replace, server-side apply, delete, events.
 
-The operator's (and the frontend's worker discovery's) only door to the API. Credentials come
-from the `kubernetes` package's config loaders (kubeconfig or in-cluster, with token refresh);
-requests go through one pooled `httpx.AsyncClient`, so a reconcile never blocks the event loop.
+The only door to the API for the operator, the planner, the frontend's worker discovery and the e2e
+pod runner. Credentials come from the `kubernetes` package's config loaders (kubeconfig or
+in-cluster, with token refresh); requests go through one pooled `httpx.AsyncClient`, so a reconcile
+never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -228,11 +229,22 @@ class KubeApi:
             body=body, content_type="application/merge-patch+json",
         )
 
-    async def delete(self, kind: str, namespace: str | None, name: str, *, uid: str | None = None) -> None:
-        """Delete in the background; with `uid`, only that very object (never a same-named newcomer)."""
+    async def create_subresource(self, kind: str, namespace: str | None, name: str, subresource: str,
+                                 body: Manifest) -> Manifest:
+        """POST to an object's subresource, such as a ServiceAccount's `token` (a TokenRequest)."""
+        return await self._request("POST", KINDS[kind].path(namespace, name, subresource), body=body)
+
+    async def delete(self, kind: str, namespace: str | None, name: str, *, uid: str | None = None,
+                     grace_period_seconds: int | None = None) -> None:
+        """Delete in the background; with `uid`, only that very object (never a same-named newcomer).
+
+        `grace_period_seconds=0` removes a pod at once: what a kubelet does once its containers stopped.
+        """
         body: Manifest = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         try:
             await self._request("DELETE", KINDS[kind].path(namespace, name), body=body)
         except ApiError as error:
