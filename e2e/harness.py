@@ -3,8 +3,10 @@
 Where it sits: under the e2e scenarios (pytest's `e2e/conftest.py` and the hand-run `e2e/run.py`
 both use `Harness`). It starts, in order:
 
-1. the `e2e` cluster (fleetpilot.devcluster, port base 29400) with kwok's pod stages narrowed so
-   the simulator's pods are left to the pod runner (`ClusterConfig.external_pod_labels`);
+1. the `e2e` cluster (fleetpilot.devcluster, port base 29400; `$FLEETPILOT_E2E_CLUSTER` and
+   `$FLEETPILOT_CLUSTER_PORT_BASE` choose another, beside the dev and test clusters; one e2e at a
+   time, as the pod runner's pod IPs are fixed) with kwok's pod stages narrowed so the simulator's
+   pods are left to the pod runner (`ClusterConfig.external_pod_labels`);
 2. the CRDs from `crds/`, and the operator's and planner's ServiceAccounts and RBAC — the Helm
    chart's own templates rendered by `helm template`, or `e2e/rbac.yaml` when they cannot be;
 3. the pod runner (`e2e/podrunner.py`), which runs those pods as local processes on 127.2.0.0/16;
@@ -35,6 +37,7 @@ from typing import Any
 
 import httpx
 import podrunner
+import podspec
 import yaml
 
 from fleetpilot.devcluster import cluster as devcluster
@@ -131,9 +134,10 @@ class ManagedProcess:
 class Harness:
     """Brings the closed loop up and down; see the module docstring for what runs."""
 
-    def __init__(self, *, cluster_name: str = "e2e", planner_args: list[str] | None = None) -> None:
-        config = devcluster.config_from_env(cluster_name)
-        self.config = dataclasses.replace(config, external_pod_labels=(podrunner.OWNED_LABEL,))
+    def __init__(self, *, cluster_name: str | None = None, planner_args: list[str] | None = None) -> None:
+        # FLEETPILOT_E2E_CLUSTER (with FLEETPILOT_CLUSTER_PORT_BASE): another name, beside dev and test.
+        config = devcluster.config_from_env(cluster_name or os.environ.get("FLEETPILOT_E2E_CLUSTER", "e2e"))
+        self.config = dataclasses.replace(config, external_pod_labels=(podspec.OWNED_LABEL,))
         self.cluster = devcluster.Cluster(self.config)
         self.state = self.config.folder / "e2e"
         self.kubectl = Kubectl(devcluster.k8s_bin("kubectl"), self.config.kubeconfig)
@@ -143,7 +147,6 @@ class Harness:
         self.planner_args = planner_args or []
         self.identities: dict[str, tuple[str, str]] = {}  # operator/planner -> (namespace, service account)
         self.rbac_source = ""
-        self.identity_kind = "token"  # or "certificate", while fleetpilot's API client sends no tokens
         self.processes = {
             "podsd": ManagedProcess("podsd", [
                 sys.executable, str(Path(__file__).parent / "podsd.py"),
@@ -201,15 +204,10 @@ class Harness:
         if missing:
             raise RuntimeError(f"no ServiceAccount for {', '.join(sorted(missing))} in {self.rbac_source}")
         self.kubectl.apply(prometheus_rbac())
-        namespace, account = self.identities["operator"]
-        if not token_auth_works(self.token_kubeconfig(namespace, account, "probe")):
-            self.identity_kind = "certificate"
 
     def _start_podrunner(self) -> None:
         argv = [sys.executable, str(Path(__file__).parent / "podrunner.py"), "--kubeconfig",
                 str(self.config.kubeconfig), "--state", str(self.state / "pods"), "--env", "OPENBLAS_NUM_THREADS=1"]
-        if self.identity_kind == "certificate":
-            argv += ["--certificates-from", str(self.config.folder / "pki")]
         self.processes["podrunner"] = ManagedProcess("podrunner", argv, state=self.state)
         self.processes["podrunner"].start()
 
@@ -232,23 +230,15 @@ class Harness:
     def token_kubeconfig(self, namespace: str, account: str, name: str) -> Path:
         """A kubeconfig with a token of that ServiceAccount (the identity its pod would have)."""
         token = self.kubectl.run("create", "token", account, "-n", namespace, "--duration=12h").stdout.strip()
-        return self._kubeconfig(name, {"token": token})
+        return self._kubeconfig(name, token)
 
-    def identity_kubeconfig(self, namespace: str, account: str, name: str) -> Path:
-        """The ServiceAccount's identity as fleetpilot's processes can present it (see `token_auth_works`)."""
-        if self.identity_kind == "token":
-            return self.token_kubeconfig(namespace, account, name)
-        crt, key = podrunner.service_account_certificate(self.config.folder / "pki", self.state / "credentials",
-                                                         namespace=namespace, account=account)
-        return self._kubeconfig(name, {"client-certificate": str(crt), "client-key": str(key)})
-
-    def _kubeconfig(self, name: str, user: dict[str, str]) -> Path:
+    def _kubeconfig(self, name: str, token: str) -> Path:
         path = self.state / "credentials" / f"{name}.kubeconfig"
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": name,
             "clusters": [{"name": "e2e", "cluster": {"server": self.config.server,
                                                      "certificate-authority": str(self.config.folder / "pki" / "ca.crt")}}],
-            "users": [{"name": name, "user": user}],
+            "users": [{"name": name, "user": {"token": token}}],
             "contexts": [{"name": name, "context": {"cluster": "e2e", "user": name}}],
         }))
         path.chmod(0o600)
@@ -278,7 +268,7 @@ class Harness:
 
     def _start_operator(self) -> None:
         namespace, account = self.identities["operator"]
-        kubeconfig = self.identity_kubeconfig(namespace, account, "operator")
+        kubeconfig = self.token_kubeconfig(namespace, account, "operator")
         self.processes["operator"] = ManagedProcess("operator", [
             str(FLEETPILOT), "operator", "run", "--metrics-port", str(self.config.port_base + 91)],
             state=self.state, env={**self._child_env(kubeconfig), "FLEETPILOT_RESYNC_SECONDS": "30"})
@@ -286,7 +276,7 @@ class Harness:
 
     def _start_planner(self) -> None:
         namespace, account = self.identities["planner"]
-        kubeconfig = self.identity_kubeconfig(namespace, account, "planner")
+        kubeconfig = self.token_kubeconfig(namespace, account, "planner")
         self.processes["planner"] = ManagedProcess("planner", [
             str(FLEETPILOT), "planner", "run", "--prometheus-url", self.prometheus_url,
             "--metrics-port", str(self.config.port_base + 92), *self.planner_args],
@@ -318,31 +308,6 @@ class Harness:
             found += [f"{name}: {line}" for line in text.splitlines()
                       if "Traceback" in line or "ERROR fleetpilot" in line]
         return found
-
-
-def token_auth_works(kubeconfig: Path) -> bool:
-    """Whether fleetpilot's API client (fleetpilot.kube) authenticates with a ServiceAccount token.
-
-    kubernetes 37's config loaders keep the token under `api_key["BearerToken"]`; a client that
-    reads only `api_key["authorization"]` sends none and is `system:anonymous`. Until that is fixed
-    the harness gives the operator, the planner and the pods client certificates for the same
-    ServiceAccount user names, so RBAC is exercised either way; the run's summary says which.
-    """
-    import asyncio
-
-    from fleetpilot import kube
-
-    async def probe() -> bool:
-        api = kube.KubeApi(kube.load_configuration(str(kubeconfig)))
-        try:
-            await api.list("DynamoGraph")
-        except kube.ApiError as error:
-            return error.status not in (401, 403)
-        finally:
-            await api.aclose()
-        return True
-
-    return asyncio.run(probe())
 
 
 def prometheus_rbac() -> list[dict[str, Any]]:

@@ -16,6 +16,10 @@ bound to a simulated node the runner does what a kubelet would:
 - on deletion runs the preStop hook (exec or httpGet), sends SIGTERM, waits up to the grace period,
   sends SIGKILL, then removes the pod (`gracePeriodSeconds=0`).
 
+What the pod spec asks for (env, command line, ServiceAccount, probe ports) is read by the pure
+functions of `podspec.py`; this module is the adapter around them: the pod watch (fleetpilot's
+informer), the API calls (`fleetpilot.kube`), processes, probes and status.
+
 Each container's output goes to `<state>/logs/<namespace>_<pod>.log`; each process's PID to
 `<state>/pids/`, so `reap()` can kill what a crashed runner left. On exit every process is killed.
 
@@ -31,13 +35,10 @@ import asyncio
 import contextlib
 import datetime
 import ipaddress
-import json
 import logging
 import os
-import re
 import shutil
 import signal
-import ssl
 import sys
 import time
 from collections.abc import Mapping
@@ -46,20 +47,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import podspec
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fleetpilot import informer, kube
+from fleetpilot.api import contract
 from fleetpilot.devcluster import processes
 
 logger = logging.getLogger("podrunner")
 
-OWNED_LABEL = ("fleetpilot.dev/framework", "simulator")
-SIMULATED_NODE_LABEL = "fleetpilot.dev/simulated-node=true"
+FIELD_MANAGER = "e2e-podrunner"
+SIMULATED_NODE_LABELS = {contract.LABEL_SIMULATED_NODE: "true"}
 POD_NETWORK = ipaddress.ip_network("127.2.0.0/16")
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 FIRST_PROBE_S = 0.5
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 Manifest = dict[str, Any]
@@ -67,152 +66,6 @@ Manifest = dict[str, Any]
 
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# -- pure pieces: what a pod spec asks for --------------------------------------------------------------
-
-_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' `$(VAR)` expansion: known names are replaced, `$$` is a literal `$`, the rest stays."""
-
-    def one(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name = match.group(1)
-        return env.get(name, match.group(0))
-
-    return _REFERENCE.sub(one, text)
-
-
-def field_value(pod: Manifest, path: str, *, pod_ip: str, host_ip: str) -> str:
-    """The downward API's `fieldRef.fieldPath` values a container may ask for."""
-    meta, spec = pod["metadata"], pod["spec"]
-    simple = {
-        "metadata.name": meta["name"],
-        "metadata.namespace": meta["namespace"],
-        "metadata.uid": meta.get("uid", ""),
-        "spec.nodeName": spec.get("nodeName", ""),
-        "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
-        "status.podIP": pod_ip,
-        "status.podIPs": pod_ip,
-        "status.hostIP": host_ip,
-        "status.hostIPs": host_ip,
-    }
-    if path in simple:
-        return str(simple[path])
-    found = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-    if found:
-        return str(meta.get(found.group(1), {}).get(found.group(2), ""))
-    raise ValueError(f"fieldRef {path!r} is not supported by the e2e pod runner")
-
-
-def container_env(pod: Manifest, container: Manifest, *, pod_ip: str, host_ip: str) -> dict[str, str]:
-    """The container's declared env, in order, with `$(VAR)` resolved against the ones before it."""
-    env: dict[str, str] = {}
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = expand(str(item["value"]), env)
-        elif "fieldRef" in item.get("valueFrom", {}):
-            env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"], pod_ip=pod_ip,
-                                            host_ip=host_ip)
-        elif "valueFrom" in item:
-            raise ValueError(f"env {item['name']}: only value and fieldRef are supported by the e2e pod runner")
-        else:
-            env[item["name"]] = ""
-    return env
-
-
-def bind_to_pod_ip(args: list[str], pod_ip: str) -> list[str]:
-    """A wildcard `--host` means "every address of the pod", which on loopback is the pod IP alone."""
-    out = list(args)
-    for index, arg in enumerate(out):
-        if arg == "--host" and index + 1 < len(out) and out[index + 1] in WILDCARD_HOSTS:
-            out[index + 1] = pod_ip
-        elif arg.startswith("--host=") and arg.split("=", 1)[1] in WILDCARD_HOSTS:
-            out[index] = f"--host={pod_ip}"
-    return out
-
-
-def probe_port(probe: Manifest, container: Manifest) -> int:
-    port = probe["httpGet"]["port"]
-    if isinstance(port, int) or str(port).isdigit():
-        return int(port)
-    for declared in container.get("ports", []):
-        if declared.get("name") == port:
-            return int(declared["containerPort"])
-    raise ValueError(f"probe port {port!r} is not a declared container port")
-
-
-def is_owned(pod: Manifest, nodes: set[str]) -> bool:
-    label, value = OWNED_LABEL
-    return (pod["metadata"].get("labels", {}).get(label) == value
-            and pod.get("spec", {}).get("nodeName") in nodes)
-
-
-def service_account_certificate(ca_folder: Path, out: Path, *, namespace: str, account: str) -> tuple[Path, Path]:
-    """A client certificate the apiserver maps to the ServiceAccount's user name and groups.
-
-    The stand-in for a token where fleetpilot's API client sends none (see `token_auth_works` in
-    harness.py): RBAC sees `system:serviceaccount:<namespace>:<account>`, as with the token.
-    """
-    ca_cert = x509.load_pem_x509_certificate((ca_folder / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((ca_folder / "ca.key").read_bytes(), password=None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
-    subject = x509.Name([
-        x509.NameAttribute(NameOID.COMMON_NAME, f"system:serviceaccount:{namespace}:{account}"),
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:serviceaccounts"),
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"system:serviceaccounts:{namespace}"),
-    ])
-    certificate = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now)
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    crt, pem = out / f"{account}.crt", out / f"{account}.key"
-    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()))
-    pem.chmod(0o600)
-    crt.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    return crt, pem
-
-
-# -- the API, as the runner's admin identity -----------------------------------------------------------
-
-def http_client(kubeconfig: Path) -> httpx.AsyncClient:
-    """An async client for the kubeconfig's current context (client certificate or token)."""
-    config = yaml.safe_load(kubeconfig.read_text())
-    context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
-    cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
-    user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
-    tls = ssl.create_default_context(cafile=cluster["certificate-authority"])
-    headers = {"Accept": "application/json"}
-    if "client-certificate" in user:
-        tls.load_cert_chain(user["client-certificate"], user["client-key"])
-    if "token" in user:
-        headers["Authorization"] = f"Bearer {user['token']}"
-    return httpx.AsyncClient(base_url=cluster["server"], verify=tls, headers=headers,
-                             timeout=httpx.Timeout(30.0, connect=5.0))
-
-
-class ApiFailed(RuntimeError):
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"{response.request.method} {response.request.url.path}: {response.status_code}"
-                         f" {response.text[:300]}")
-        self.status = response.status_code
-
-
-def _checked(response: httpx.Response) -> Manifest:
-    if response.status_code >= 400:
-        raise ApiFailed(response)
-    body: Manifest = response.json() if response.content else {}
-    return body
 
 
 # -- one pod ---------------------------------------------------------------------------------------------
@@ -252,9 +105,8 @@ class PodRunner:
     """Watches the owned pods and keeps one local process per pod."""
 
     def __init__(self, kubeconfig: Path, state: Path, *, bin_dirs: list[Path] | None = None,
-                 extra_env: Mapping[str, str] | None = None, certificates_from: Path | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None) -> None:
         self.kubeconfig = kubeconfig
-        self.certificates_from = certificates_from  # a CA folder: certificates instead of tokens
         self.state = state
         self.logs = state / "logs"
         self.pids = state / "pids"
@@ -263,9 +115,10 @@ class PodRunner:
             folder.mkdir(parents=True, exist_ok=True)
         self.bin_dirs = bin_dirs or [Path(sys.executable).parent]
         self.extra_env = dict(extra_env or {})
-        self.api = http_client(kubeconfig)
-        self.server = str(self.api.base_url).rstrip("/")
-        self.ca = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["certificate-authority"]
+        configuration = kube.load_configuration(str(kubeconfig))
+        self.api = kube.KubeApi(configuration, field_manager=FIELD_MANAGER)
+        self.server = str(configuration.host).rstrip("/")  # what the pods' kubeconfigs point at
+        self.ca = str(configuration.ssl_ca_cert)
         self.nodes: dict[str, str] = {}  # simulated node name -> its InternalIP
         self.pods: dict[str, RunningPod] = {}
         self._used_ips: set[str] = set()
@@ -275,54 +128,20 @@ class PodRunner:
     # -- the watch -------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        watching = asyncio.create_task(self._watch_forever(), name="pod watch")
+        label, value = podspec.OWNED_LABEL
+        # List once, then watch (resuming from the last version; a re-list hands on deletions missed).
+        watch = informer.Informer(self.api, "Pod", labels={label: value}, on_event=self._on_event,
+                                  max_pause_s=10.0)
+        await watch.start()
         try:
             await stop.wait()
         finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+            await watch.stop()
             await self.shutdown()
 
-    async def _watch_forever(self) -> None:
-        pause = 0.5
-        while True:
-            try:
-                await self._load_nodes()
-                listed = _checked(await self.api.get("/api/v1/pods", params={"labelSelector": "=".join(OWNED_LABEL)}))
-                seen = set()
-                for pod in listed["items"]:
-                    seen.add(pod["metadata"]["uid"])
-                    await self._on_event("MODIFIED", pod)
-                for uid in set(self.pods) - seen:
-                    await self._forget(self.pods[uid], why="gone while the watch was down")
-                version = listed["metadata"]["resourceVersion"]
-                params = {"labelSelector": "=".join(OWNED_LABEL), "watch": "true", "resourceVersion": version,
-                          "allowWatchBookmarks": "true", "timeoutSeconds": "300"}
-                async with self.api.stream("GET", "/api/v1/pods", params=params,
-                                           timeout=httpx.Timeout(330.0, connect=5.0)) as response:
-                    if response.status_code >= 400:
-                        await response.aread()
-                        raise ApiFailed(response)
-                    async for line in response.aiter_lines():
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        if event["type"] == "ERROR":
-                            break
-                        if event["type"] != "BOOKMARK":
-                            await self._on_event(event["type"], event["object"])
-                pause = 0.5
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # noqa: BLE001 - the runner must outlive API hiccups
-                logger.warning("pod watch failed: %s; re-listing in %.1fs", error, pause)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 10.0)
-
     async def _load_nodes(self) -> None:
-        listed = _checked(await self.api.get("/api/v1/nodes", params={"labelSelector": SIMULATED_NODE_LABEL}))
         self.nodes = {}
-        for node in listed["items"]:
+        for node in await self.api.list("Node", labels=SIMULATED_NODE_LABELS):
             addresses = node.get("status", {}).get("addresses", [])
             internal = [a["address"] for a in addresses if a.get("type") == "InternalIP"]
             self.nodes[node["metadata"]["name"]] = internal[0] if internal else "127.0.0.1"
@@ -334,9 +153,14 @@ class PodRunner:
             if running is not None and not running.terminating:
                 await self._forget(running, why="deleted")  # forced: no graceful termination was asked
             return
+        for other in [r for r in self.pods.values() if r.uid != uid and (r.namespace, r.name) == (
+                pod["metadata"]["namespace"], pod["metadata"]["name"])]:
+            # Deleted and made again under the same name while the watch was down: the re-list sees one
+            # object changing, not a deletion, so the old pod's process is told apart by its uid.
+            await self._forget(other, why="replaced while the watch was down")
         if pod["spec"].get("nodeName") and pod["spec"]["nodeName"] not in self.nodes:
-            await self._load_nodes()  # a node added after the last list
-        if not is_owned(pod, set(self.nodes)):
+            await self._load_nodes()  # the first pod, or a node added since
+        if not podspec.is_owned(pod, set(self.nodes)):
             return
         if pod["metadata"].get("deletionTimestamp"):
             if running is None:
@@ -371,26 +195,13 @@ class PodRunner:
 
     async def _service_account_kubeconfig(self, pod: Manifest, folder: Path) -> Path | None:
         """A kubeconfig with a token bound to this pod, as the kubelet's projected token would be."""
-        spec = pod["spec"]
-        if spec.get("automountServiceAccountToken") is False:
+        account = podspec.service_account(pod)
+        if account is None:
             return None
-        account = spec.get("serviceAccountName") or "default"
-        meta = pod["metadata"]
         path = folder / "kubeconfig"
-        user: Manifest
-        if self.certificates_from is not None:
-            crt, key = service_account_certificate(self.certificates_from, folder, namespace=meta["namespace"],
-                                                   account=account)
-            user = {"client-certificate": str(crt), "client-key": str(key)}
-        else:
-            user = {"token": await self._bound_token(pod, account)}
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "pod",
-            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority": self.ca}}],
-            "users": [{"name": account, "user": user}],
-            "contexts": [{"name": "pod", "context": {"cluster": "e2e", "user": account,
-                                                    "namespace": meta["namespace"]}}],
-        }))
+        path.write_text(yaml.safe_dump(podspec.kubeconfig(
+            server=self.server, ca=self.ca, account=account, namespace=pod["metadata"]["namespace"],
+            token=await self._bound_token(pod, account))))
         path.chmod(0o600)
         return path
 
@@ -401,8 +212,7 @@ class PodRunner:
             "spec": {"expirationSeconds": 6 * 3600,
                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}},
         }
-        answer = _checked(await self.api.post(
-            f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token", json=request))
+        answer = await self.api.create_subresource("ServiceAccount", meta["namespace"], account, "token", request)
         token: str = answer["status"]["token"]
         return token
 
@@ -415,19 +225,15 @@ class PodRunner:
         if len(pod["spec"]["containers"]) > 1 or pod["spec"].get("initContainers"):
             logger.warning("%s/%s: only the first container runs", meta["namespace"], meta["name"])
         try:
-            declared = container_env(pod, container, pod_ip=ip, host_ip=node_ip)
+            spec = podspec.process_spec(pod, pod_ip=ip, host_ip=node_ip)
             folder = self.secrets / key
             folder.mkdir(parents=True, exist_ok=True)
             kubeconfig = await self._service_account_kubeconfig(pod, folder)
-            command = [expand(part, declared) for part in container.get("command", [])]
-            args = [expand(part, declared) for part in container.get("args", [])]
-            if not command:
-                raise ValueError("the container has no command (images' entry points are unknown here)")
             path = os.pathsep.join([*(str(d) for d in self.bin_dirs), os.environ.get("PATH", "/usr/bin:/bin")])
-            binary = shutil.which(command[0], path=path)
+            binary = shutil.which(spec.program, path=path)
             if binary is None:
-                raise ValueError(f"{command[0]!r} is not on {path}")
-        except (ValueError, ApiFailed) as error:
+                raise ValueError(f"{spec.program!r} is not on {path}")
+        except (ValueError, kube.ApiError) as error:
             logger.error("%s/%s cannot start: %s", meta["namespace"], meta["name"], error)
             self._used_ips.discard(ip)
             await self._patch_status(pod, {"phase": "Pending", "conditions": self._conditions(pod, False, False),
@@ -437,15 +243,11 @@ class PodRunner:
                                                "state": {"waiting": {"reason": "CreateContainerConfigError",
                                                                      "message": str(error)[:500]}}}]})
             return
-        env = {
-            "PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1",
-            "HOSTNAME": meta["name"], **self.extra_env, **declared,
-        }
-        if kubeconfig is not None:
-            env["KUBECONFIG"] = str(kubeconfig)
+        base = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
+        env = podspec.process_env(spec, hostname=meta["name"], base=base, extra=self.extra_env,
+                                  kubeconfig=None if kubeconfig is None else str(kubeconfig))
         running = RunningPod(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], ip=ip, pod=pod,
-                             argv=[binary, *bind_to_pod_ip(command[1:] + args, ip)], env=env,
-                             log_path=self.logs / f"{key}.log")
+                             argv=[binary, *spec.args], env=env, log_path=self.logs / f"{key}.log")
         self.pods[running.uid] = running
         await self._spawn(running)
         running.tasks.append(asyncio.create_task(self._supervise(running), name=f"run {running.key}"))
@@ -493,7 +295,7 @@ class PodRunner:
         if "httpGet" not in probe:
             return True  # exec and tcpSocket probes are not needed by the simulator's pods
         get = probe["httpGet"]
-        url = f"http://{running.ip}:{probe_port(probe, running.container)}{get.get('path', '/')}"
+        url = f"http://{running.ip}:{podspec.probe_port(probe, running.container)}{get.get('path', '/')}"
         try:
             response = await self._probe_client.get(url, timeout=float(probe.get("timeoutSeconds", 1)))
         except httpx.HTTPError:
@@ -571,7 +373,7 @@ class PodRunner:
                     await process.wait()
             elif "httpGet" in hook:
                 get = hook["httpGet"]
-                port = probe_port({"httpGet": get}, running.container)
+                port = podspec.probe_port({"httpGet": get}, running.container)
                 await self._probe_client.get(f"http://{running.ip}:{port}{get.get('path', '/')}", timeout=budget_s)
             elif "sleep" in hook:
                 await asyncio.sleep(min(float(hook["sleep"]["seconds"]), budget_s))
@@ -587,7 +389,7 @@ class PodRunner:
         deadline = time.monotonic() + float(grace)
         logger.info("%s: terminating (grace %ss)", running.key, grace)
         running.ready = False
-        with contextlib.suppress(ApiFailed, httpx.HTTPError):
+        with contextlib.suppress(kube.ApiError, httpx.HTTPError):
             await self._report(running)
         await self._pre_stop(running, deadline - time.monotonic())
         await self._signal(running, signal.SIGTERM)
@@ -604,13 +406,12 @@ class PodRunner:
 
     async def _remove(self, pod: Manifest) -> None:
         meta = pod["metadata"]
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
-                "preconditions": {"uid": meta["uid"]}}
-        response = await self.api.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                                          content=json.dumps(body), headers={"Content-Type": "application/json"})
-        if response.status_code not in (200, 202, 404, 409):
-            logger.warning("removing %s/%s: %s %s", meta["namespace"], meta["name"], response.status_code,
-                           response.text[:200])
+        try:
+            # Not found: already gone. A conflict: the uid precondition failed, a newcomer took the name.
+            await self.api.delete("Pod", meta["namespace"], meta["name"], uid=meta["uid"], grace_period_seconds=0)
+        except kube.ApiError as error:
+            if not error.conflict:
+                logger.warning("removing %s/%s: %s", meta["namespace"], meta["name"], str(error)[:200])
 
     async def _forget(self, running: RunningPod, *, why: str) -> None:
         """The pod object is gone (forced, or while we were not watching): stop its process now."""
@@ -690,12 +491,13 @@ class PodRunner:
 
     async def _patch_status(self, pod: Manifest, status: Manifest) -> None:
         meta = pod["metadata"]
-        response = await self.api.patch(
-            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
-            content=json.dumps({"status": status}), headers={"Content-Type": "application/merge-patch+json"})
-        if response.status_code == 404:
-            return
-        updated = _checked(response)
+        try:
+            updated = await self.api.patch("Pod", meta["namespace"], meta["name"], {"status": status},
+                                           subresource="status")
+        except kube.ApiError as error:
+            if error.not_found:
+                return
+            raise
         running = self.pods.get(meta["uid"])
         if running is not None:
             running.pod = updated
@@ -722,8 +524,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="where container commands are found first (default: this Python's bin)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for every container (repeatable)")
-    parser.add_argument("--certificates-from", type=Path, default=None, metavar="CA_FOLDER",
-                        help="give pods client certificates for their ServiceAccount instead of tokens")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -735,8 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        runner = PodRunner(args.kubeconfig, args.state, bin_dirs=args.bin_dir or None, extra_env=extra,
-                           certificates_from=args.certificates_from)
+        runner = PodRunner(args.kubeconfig, args.state, bin_dirs=args.bin_dir or None, extra_env=extra)
         await runner.run(stop)
 
     asyncio.run(go())

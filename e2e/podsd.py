@@ -14,20 +14,18 @@ Run: `python e2e/podsd.py --kubeconfig FILE --listen 127.0.0.1:PORT`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import re
 import signal
-import ssl
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
-import yaml
+from fleetpilot import informer, kube
 
 logger = logging.getLogger("podsd")
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
@@ -73,58 +71,19 @@ def target_groups(pod: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class PodWatch:
-    """Keeps every pod (all namespaces) current from a list + watch; re-lists when the watch breaks."""
+    """Every pod (all namespaces), kept current by fleetpilot's informer (list once, then watch)."""
 
-    def __init__(self, kubeconfig: Path) -> None:
-        config = yaml.safe_load(kubeconfig.read_text())
-        cluster = config["clusters"][0]["cluster"]
-        user = config["users"][0]["user"]
-        self.client = httpx.Client(base_url=cluster["server"],
-                                   verify=ssl.create_default_context(cafile=cluster["certificate-authority"]),
-                                   headers={"Authorization": f"Bearer {user['token']}"},
-                                   timeout=httpx.Timeout(330.0, connect=5.0))
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.lock = threading.Lock()
+    def __init__(self, api: kube.KubeApi) -> None:
+        self.informer = informer.Informer(api, "Pod", on_event=self._changed, max_pause_s=10.0)
+        self._pods: tuple[dict[str, Any], ...] = ()
+
+    def _changed(self, event_type: str, pod: dict[str, Any]) -> None:
+        # The HTTP server's threads read the pods while the informer's event loop changes its store:
+        # they get a tuple published after each change, never the live store.
+        self._pods = tuple(self.informer.store.objects())
 
     def groups(self) -> list[dict[str, Any]]:
-        with self.lock:
-            pods = list(self.pods.values())
-        return [group for pod in pods for group in target_groups(pod)]
-
-    def run(self, stop: threading.Event) -> None:
-        pause = 0.5
-        while not stop.is_set():
-            try:
-                listed = self.client.get("/api/v1/pods")
-                listed.raise_for_status()
-                body = listed.json()
-                with self.lock:
-                    self.pods = {p["metadata"]["uid"]: p for p in body["items"]}
-                params = {"watch": "true", "resourceVersion": body["metadata"]["resourceVersion"],
-                          "timeoutSeconds": "300", "allowWatchBookmarks": "true"}
-                with self.client.stream("GET", "/api/v1/pods", params=params) as response:
-                    response.raise_for_status()
-                    for line in response.iter_lines():
-                        if stop.is_set():
-                            return
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        if event["type"] == "ERROR":
-                            break
-                        if event["type"] == "BOOKMARK":
-                            continue
-                        pod = event["object"]
-                        with self.lock:
-                            if event["type"] == "DELETED":
-                                self.pods.pop(pod["metadata"]["uid"], None)
-                            else:
-                                self.pods[pod["metadata"]["uid"]] = pod
-                pause = 0.5
-            except (httpx.HTTPError, ValueError, KeyError) as error:
-                logger.warning("pod watch failed: %s; re-listing in %.1fs", error, pause)
-                time.sleep(pause)
-                pause = min(pause * 2, 10.0)
+        return [group for pod in self._pods for group in target_groups(pod)]
 
 
 def serve(watch: PodWatch, host: str, port: int) -> ThreadingHTTPServer:
@@ -154,16 +113,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", default="127.0.0.1:9095", help="HOST:PORT to serve /targets on")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     host, _, port = args.listen.rpartition(":")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    watch = PodWatch(args.kubeconfig)
-    server = serve(watch, host, int(port))
-    threading.Thread(target=watch.run, args=(stop,), name="watch", daemon=True).start()
-    logger.info("serving pod targets at http://%s/targets", args.listen)
-    stop.wait()
-    server.shutdown()
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        api = kube.KubeApi(kube.load_configuration(str(args.kubeconfig)), field_manager="e2e-podsd")
+        watch = PodWatch(api)
+        await watch.informer.start()
+        server = serve(watch, host, int(port))
+        logger.info("serving pod targets at http://%s/targets", args.listen)
+        try:
+            await stop.wait()
+        finally:
+            server.shutdown()
+            await watch.informer.stop()
+            await api.aclose()
+
+    asyncio.run(go())
     return 0
 
 

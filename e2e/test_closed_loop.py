@@ -94,7 +94,7 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
         "needs_more_at_s": needs, "first_scale_up_at_s": first_up, "load_below_threshold_from_s": relief,
         "peak_desired": peak, "final_desired": final_desired,
         "kubectl_get_dg": table, "planner_status": final.get("status", {}).get("planner"),
-        "rbac": harness.rbac_source, "identity": harness.identity_kind,
+        "rbac": harness.rbac_source,
     }
     marks = {f"{c} needed": needs[c] for c in COMPONENTS} | {"load start": load_start}
     scenario_mod.write_results("closed_loop", results, scenario=s, rows=rows, summary=summary,

@@ -1,0 +1,163 @@
+"""What a pod spec asks the e2e pod runner to exec: pod in, process spec out, no I/O.
+
+Where it sits: the pure half of `podrunner.py`, the e2e harness's kubelet. The runner (the adapter)
+watches pods, allocates the pod IP, mints the ServiceAccount token, finds the program on PATH and
+spawns it; everything it needs to read out of the pod spec for that is here:
+
+- which pods the runner owns (`is_owned`);
+- the container's env: literal values with Kubernetes' `$(VAR)` expansion, and the downward API's
+  `fieldRef`s (`container_env`, `field_value`); other `valueFrom` sources are refused;
+- its command and args, expanded against that env, a wildcard `--host` bound to the pod IP as the
+  pod's own network namespace would make it (`process_spec`), and the process environment around it
+  (`process_env`);
+- the ServiceAccount whose token it gets (`service_account`) and the kubeconfig that carries it
+  (`kubeconfig`), since these local processes have no in-cluster token file;
+- the port a probe or an httpGet hook targets, by number or by the container port's name (`probe_port`).
+
+Errors a pod spec can cause are `ValueError`s; the runner reports them as the pod's
+`CreateContainerConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from fleetpilot.api import contract
+
+Manifest = dict[str, Any]
+
+OWNED_LABEL = (contract.LABEL_FRAMEWORK, "simulator")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_LABEL_OR_ANNOTATION = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSpec:
+    """One container as a process: the program to look up on PATH, its arguments, its declared env."""
+
+    program: str  # the command's first word, as the container names it
+    args: tuple[str, ...]  # the rest of the command, then args: expanded, a wildcard --host bound
+    env: dict[str, str]  # the container's env, resolved in declaration order
+
+
+def is_owned(pod: Manifest, nodes: set[str]) -> bool:
+    """A simulator pod bound to one of the simulated nodes: the runner's, not kwok's."""
+    label, value = OWNED_LABEL
+    return (pod["metadata"].get("labels", {}).get(label) == value
+            and pod.get("spec", {}).get("nodeName") in nodes)
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion: known names are replaced, `$$` is a literal `$`, the rest stays."""
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env.get(name, match.group(0))
+
+    return _REFERENCE.sub(one, text)
+
+
+def field_value(pod: Manifest, path: str, *, pod_ip: str, host_ip: str) -> str:
+    """The downward API's `fieldRef.fieldPath` values a container may ask for."""
+    meta, spec = pod["metadata"], pod["spec"]
+    simple = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta.get("uid", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
+        "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+        "status.podIP": pod_ip,
+        "status.podIPs": pod_ip,
+        "status.hostIP": host_ip,
+        "status.hostIPs": host_ip,
+    }
+    if path in simple:
+        return str(simple[path])
+    found = _LABEL_OR_ANNOTATION.fullmatch(path)
+    if found:
+        return str(meta.get(found.group(1), {}).get(found.group(2), ""))
+    raise ValueError(f"fieldRef {path!r} is not supported by the e2e pod runner")
+
+
+def container_env(pod: Manifest, container: Manifest, *, pod_ip: str, host_ip: str) -> dict[str, str]:
+    """The container's declared env, in order, with `$(VAR)` resolved against the ones before it."""
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = expand(str(item["value"]), env)
+        elif "fieldRef" in item.get("valueFrom", {}):
+            env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"], pod_ip=pod_ip,
+                                            host_ip=host_ip)
+        elif "valueFrom" in item:
+            raise ValueError(f"env {item['name']}: only value and fieldRef are supported by the e2e pod runner")
+        else:
+            env[item["name"]] = ""
+    return env
+
+
+def bind_to_pod_ip(args: list[str], pod_ip: str) -> list[str]:
+    """A wildcard `--host` means "every address of the pod", which on loopback is the pod IP alone."""
+    out = list(args)
+    for index, arg in enumerate(out):
+        if arg == "--host" and index + 1 < len(out) and out[index + 1] in WILDCARD_HOSTS:
+            out[index + 1] = pod_ip
+        elif arg.startswith("--host=") and arg.split("=", 1)[1] in WILDCARD_HOSTS:
+            out[index] = f"--host={pod_ip}"
+    return out
+
+
+def process_spec(pod: Manifest, *, pod_ip: str, host_ip: str) -> ProcessSpec:
+    """The pod's first container as a process (the simulator's pods have one; the runner warns otherwise)."""
+    container = pod["spec"]["containers"][0]
+    env = container_env(pod, container, pod_ip=pod_ip, host_ip=host_ip)
+    command = [expand(part, env) for part in container.get("command", [])]
+    args = [expand(part, env) for part in container.get("args", [])]
+    if not command:
+        raise ValueError("the container has no command (images' entry points are unknown here)")
+    return ProcessSpec(program=command[0], args=tuple(bind_to_pod_ip(command[1:] + args, pod_ip)), env=env)
+
+
+def process_env(spec: ProcessSpec, *, hostname: str, base: Mapping[str, str], extra: Mapping[str, str],
+                kubeconfig: str | None) -> dict[str, str]:
+    """The whole environment: the runner's `base` (PATH, HOME, ...), HOSTNAME, `extra`, the container's
+    own env over those, and KUBECONFIG (the pod's ServiceAccount) over everything."""
+    env = {**base, "HOSTNAME": hostname, **extra, **spec.env}
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = kubeconfig
+    return env
+
+
+def service_account(pod: Manifest) -> str | None:
+    """The ServiceAccount whose token the pod gets, or None when it opts out of the automount."""
+    spec = pod["spec"]
+    if spec.get("automountServiceAccountToken") is False:
+        return None
+    return str(spec.get("serviceAccountName") or "default")
+
+
+def kubeconfig(*, server: str, ca: str, account: str, namespace: str, token: str) -> Manifest:
+    """A kubeconfig for one ServiceAccount token, its context defaulting to the pod's namespace."""
+    return {
+        "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "pod", "context": {"cluster": "e2e", "user": account, "namespace": namespace}}],
+    }
+
+
+def probe_port(probe: Manifest, container: Manifest) -> int:
+    """The port of an httpGet probe or hook: a number, or the name of one of the container's ports."""
+    port = probe["httpGet"]["port"]
+    if isinstance(port, int) or str(port).isdigit():
+        return int(port)
+    for declared in container.get("ports", []):
+        if declared.get("name") == port:
+            return int(declared["containerPort"])
+    raise ValueError(f"probe port {port!r} is not a declared container port")
