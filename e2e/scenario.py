@@ -153,15 +153,6 @@ class ClosedLoop:
                 low = middle
         return high
 
-    def first_time_at_or_above(self, rate_rps: float) -> float | None:
-        """When the trace's rate first reaches `rate_rps` (seconds from its start), if ever."""
-        t = 0.0
-        while t <= self.duration_s:
-            if self.rate_at(t) >= rate_rps:
-                return t
-            t += 0.25
-        return None
-
     def last_time_at_or_above(self, rate_rps: float) -> float | None:
         t = self.duration_s
         while t >= 0:

@@ -151,9 +151,6 @@ class Informer:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
-    async def wait_synced(self, timeout: float | None = None) -> None:
-        await asyncio.wait_for(self.synced.wait(), timeout)
-
     async def run(self) -> None:
         pause = 0.5
         version: str | None = None

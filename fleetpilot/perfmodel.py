@@ -4,8 +4,8 @@ One model, two clocks. The simulator engine (a GPU-free vLLM look-alike) asks it
 to sleep for each continuous-batching step; the fleet simulator asks it, in simulated time, when each
 step of every simulated worker ends. Both ask the same questions per step, thousands of times per
 simulated second, so the step methods are plain float arithmetic over constants computed once in the
-constructor: no numpy, no pandas, no I/O. The only I/O is `load_dynamo_profile`, which reads a measured
-profile table for `ProfiledPerformanceModel`.
+constructor: no numpy, no pandas, no I/O. (Measured Dynamo profiles are read by
+`fleetpilot.api.profile.from_dynamo_csv`, for the planner.)
 
 `PerformanceModel` is a roofline: a step costs a fixed overhead plus the larger of its compute time
 (≈ 2·params FLOPs per token for the GEMMs, plus attention FLOPs over the cached context) and its memory
@@ -14,18 +14,13 @@ per-step, per-layer and per-sequence overheads. Those constants depend on the se
 live in `Calibration` presets (`CALIBRATIONS`: vLLM, the default, SGLang and TensorRT-LLM), fitted once
 to `../shared/traces/calibration/`; `docs/perfmodel.md` says how, and `tests/unit/test_perfmodel.py`
 checks the fit every run. `aggregated_steady_state` lifts the step times to what a closed-loop
-benchmark (or the planner sizing an aggregated worker) sees: TTFT and TPOT at a given concurrency.
+benchmark sees: TTFT and TPOT at a given concurrency (the calibration against the silicon sweeps).
 """
 
 from __future__ import annotations
 
-import bisect
-import csv
 import dataclasses
 import math
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Protocol
 
 # -- hardware and architecture facts ------------------------------------------------------------------
 
@@ -283,22 +278,6 @@ CALIBRATIONS: dict[str, Calibration] = {
 # -- the analytic model ----------------------------------------------------------------------------
 
 
-class StepTimeModel(Protocol):
-    """What the simulator engine and the fleet simulator need from a performance model."""
-
-    def prefill_time(self, batch_tokens: int, context_tokens: int = 0) -> float: ...
-
-    def decode_step_time(self, batch_size: int, total_context: int) -> float: ...
-
-    def kv_capacity_tokens(self) -> int: ...
-
-    def kv_transfer_time(self, tokens: int, bandwidth_bytes_per_s: float) -> float: ...
-
-    def ttft(self, isl: int) -> float: ...
-
-    def itl(self, batch_size: int, context_length: int) -> float: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class SteadyState:
     """A closed-loop aggregated worker at fixed concurrency, as a benchmark sweep measures it."""
@@ -480,7 +459,7 @@ class PerformanceModel:
 
         When the KV cache (holding `isl + kv_output_share·osl` tokens per request) or `max_num_seqs`
         cannot run every client, the rest queue for a slot (Little's law). Not a hot path: the
-        planner's sizing and the calibration tests use it.
+        calibration tests use it.
         """
         if isl < 1 or osl < 1 or concurrency < 1:
             raise ValueError("isl, osl and concurrency must be ≥ 1")
@@ -511,133 +490,3 @@ class PerformanceModel:
             # Little's law over all clients: the ones without a slot wait for one.
             ttft += concurrency / rate - cycle
         return SteadyState(ttft=ttft, tpot=tpot, request_rate=rate, running=running)
-
-
-# -- the measured-profile model ---------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfileTable:
-    """A measured profile: TTFT by ISL (one request alone) and ITL by (context, concurrency)."""
-
-    prefill_isl: tuple[int, ...]
-    prefill_ttft_s: tuple[float, ...]
-    # decode rows sorted by context; within a row, by concurrency
-    decode_context: tuple[int, ...]
-    decode_concurrency: tuple[tuple[int, ...], ...]
-    decode_itl_s: tuple[tuple[float, ...], ...]
-    kv_capacity_tokens: int
-
-
-def load_dynamo_profile(prefill_csv: Path, decode_csv: Path) -> ProfileTable:
-    """Read a Dynamo planner profile (`*_prefill.csv`, `*_decode.csv`) into a `ProfileTable`.
-
-    The KV capacity is not a column; it follows from each decode row as
-    concurrency × context / kv_usage, and we take the median over rows.
-    """
-    with prefill_csv.open(newline="") as f:
-        prefill = sorted((int(float(r["isl"])), float(r["ttft_ms"]) / 1e3) for r in csv.DictReader(f))
-    rows: dict[int, list[tuple[int, float]]] = {}
-    capacities: list[float] = []
-    with decode_csv.open(newline="") as f:
-        for r in csv.DictReader(f):
-            context = int(float(r["context_length"]))
-            concurrency = int(float(r["approx_concurrency"]))
-            rows.setdefault(context, []).append((concurrency, float(r["itl_ms"]) / 1e3))
-            usage = float(r["kv_usage"])
-            if usage > 0:
-                capacities.append(concurrency * context / usage)
-    contexts = sorted(rows)
-    capacities.sort()
-    return ProfileTable(
-        prefill_isl=tuple(p[0] for p in prefill),
-        prefill_ttft_s=tuple(p[1] for p in prefill),
-        decode_context=tuple(contexts),
-        decode_concurrency=tuple(tuple(c for c, _ in sorted(rows[k])) for k in contexts),
-        decode_itl_s=tuple(tuple(t for _, t in sorted(rows[k])) for k in contexts),
-        kv_capacity_tokens=int(capacities[len(capacities) // 2]) if capacities else 0,
-    )
-
-
-def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise-linear through the points, extended linearly past both ends (exact at the points)."""
-    if len(xs) == 1:
-        return ys[0]
-    i = max(1, min(bisect.bisect_left(xs, x), len(xs) - 1))
-    x0, x1 = xs[i - 1], xs[i]
-    y0, y1 = ys[i - 1], ys[i]
-    if x == x1:
-        return y1
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-class ProfiledPerformanceModel:
-    """The same questions as `PerformanceModel`, answered by interpolating a measured profile.
-
-    Exact at the profile's points, linear between them and linear past the ends (clamped at zero).
-    The profile says nothing about weights or KV layout, so `model` supplies KV bytes per token for
-    transfers; TTFT overhead is part of the measured TTFT, so `prefill_time` is a TTFT difference.
-    """
-
-    def __init__(
-        self,
-        table: ProfileTable,
-        *,
-        model: ModelSpec,
-        tensor_parallel: int = 1,
-        kv_transfer_latency_s: float = VLLM_HOPPER.kv_transfer_latency_s,
-    ) -> None:
-        self.table = table
-        self.model = model
-        self.tensor_parallel = tensor_parallel
-        self._kv_shard = math.ceil(model.kv_heads / tensor_parallel) / model.kv_heads
-        self._kv_transfer_latency_s = kv_transfer_latency_s
-        self._isl = [float(x) for x in table.prefill_isl]
-        self._ttft = list(table.prefill_ttft_s)
-        self._contexts = [float(c) for c in table.decode_context]
-        self._rows = [
-            ([float(c) for c in cs], list(ts))
-            for cs, ts in zip(table.decode_concurrency, table.decode_itl_s, strict=True)
-        ]
-
-    def ttft(self, isl: int) -> float:
-        """The measured TTFT, overhead included, interpolated by ISL."""
-        return max(0.0, _interpolate(self._isl, self._ttft, float(isl)))
-
-    def prefill_time(self, batch_tokens: int, context_tokens: int = 0) -> float:
-        """A chunk after `context_tokens` costs what the prompt's TTFT grows by when it is added."""
-        if context_tokens <= 0:
-            return self.ttft(batch_tokens)
-        return max(0.0, self.ttft(context_tokens + batch_tokens) - self.ttft(context_tokens))
-
-    def itl(self, batch_size: int, context_length: int) -> float:
-        """Linear in concurrency along each measured context, then linear across contexts."""
-        contexts = self._contexts
-        x = float(context_length)
-        if len(contexts) == 1:
-            cs, ts = self._rows[0]
-            return max(0.0, _interpolate(cs, ts, float(batch_size)))
-        i = max(1, min(bisect.bisect_left(contexts, x), len(contexts) - 1))
-        c0, c1 = contexts[i - 1], contexts[i]
-        hi_cs, hi_ts = self._rows[i]
-        hi = _interpolate(hi_cs, hi_ts, float(batch_size))
-        if x == c1:
-            return max(0.0, hi)
-        lo_cs, lo_ts = self._rows[i - 1]
-        lo = _interpolate(lo_cs, lo_ts, float(batch_size))
-        return max(0.0, lo + (hi - lo) * (x - c0) / (c1 - c0))
-
-    def decode_step_time(self, batch_size: int, total_context: int) -> float:
-        """The profile only knows equal contexts, so the batch is read as `batch_size` mean contexts."""
-        if batch_size <= 0:
-            return 0.0
-        return self.itl(batch_size, total_context // batch_size)
-
-    def kv_capacity_tokens(self) -> int:
-        """What the profiled engine reported, not what this GPU would hold for another model."""
-        return self.table.kv_capacity_tokens
-
-    def kv_transfer_time(self, tokens: int, bandwidth_bytes_per_s: float) -> float:
-        """As `PerformanceModel.kv_transfer_time`: each TP rank ships its shard over its own link."""
-        shard_bytes = tokens * self.model.kv_bytes_per_token * self._kv_shard
-        return self._kv_transfer_latency_s + shard_bytes / bandwidth_bytes_per_s

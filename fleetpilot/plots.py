@@ -26,10 +26,6 @@ def pyplot() -> ModuleType | None:
     return plt
 
 
-def available() -> bool:
-    return pyplot() is not None
-
-
 def skipped_note(what: str) -> str:
     """The one line a caller prints when it could not draw `what`."""
     return f"plots skipped ({what}): matplotlib is not installed; {INSTALL} to get them"

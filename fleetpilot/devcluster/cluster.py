@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import yaml
 
+from fleetpilot.api import contract
 from fleetpilot.devcluster import pki as pki_mod
 from fleetpilot.devcluster import processes
 from fleetpilot.devcluster.processes import terminate_group
@@ -369,7 +370,7 @@ class Cluster:
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
                     "type": "kwok",
-                    "fleetpilot.dev/simulated-node": "true",
+                    contract.LABEL_SIMULATED_NODE: "true",
                     "nvidia.com/gpu.product": self.config.gpu_product,
                     "nvidia.com/gpu.count": gpus,
                 },

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleetpilot import perfmodel
+from fleetpilot.api import profile
 
 CALIBRATION = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "calibration"
 PREFILL_CSV = CALIBRATION / "h200_llama31_8b_fp8_vllm_prefill.csv"
@@ -89,7 +90,8 @@ def test_decode_profile_within_15_percent_everywhere() -> None:
 @needs_data
 def test_kv_capacity_matches_the_profiled_engine() -> None:
     """vLLM at gpu_memory_utilization 0.9 held 945,029 KV tokens of Llama-3.1-8B-FP8 on one H200."""
-    measured = perfmodel.load_dynamo_profile(PREFILL_CSV, DECODE_CSV).kv_capacity_tokens
+    measured = profile.from_dynamo_csv(PREFILL_CSV, DECODE_CSV, model="llama-3.1-8b", engine="vllm",
+                                       gpu="h200-sxm").kv_capacity_tokens
     modelled = vllm_8b_h200().kv_capacity_tokens()
     print(
         f"\nKV capacity: measured {measured:,} tokens, modelled {modelled:,} ({error(modelled, measured):+.2%})"
@@ -443,65 +445,3 @@ def test_fp8_kv_cache_doubles_capacity_and_halves_transfers() -> None:
 def test_rejects_nonsense_parallelism() -> None:
     with pytest.raises(ValueError):
         perfmodel.PerformanceModel(LLAMA_8B, H100, tensor_parallel=0)
-
-
-# -- the profile-table model -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def profiled() -> perfmodel.ProfiledPerformanceModel:
-    if not CALIBRATION.is_dir():
-        pytest.skip(f"no calibration data at {CALIBRATION}")
-    table = perfmodel.load_dynamo_profile(PREFILL_CSV, DECODE_CSV)
-    return perfmodel.ProfiledPerformanceModel(table, model=LLAMA_8B)
-
-
-@needs_data
-def test_profile_model_is_exact_at_the_table_points(profiled: perfmodel.ProfiledPerformanceModel) -> None:
-    for row in rows(PREFILL_CSV):
-        assert profiled.ttft(int(row["isl"])) == float(row["ttft_ms"]) / 1e3
-        assert profiled.prefill_time(int(row["isl"])) == float(row["ttft_ms"]) / 1e3
-    for row in rows(DECODE_CSV):
-        context, concurrency = int(float(row["context_length"])), int(float(row["approx_concurrency"]))
-        measured = float(row["itl_ms"]) / 1e3
-        assert profiled.itl(concurrency, context) == measured
-        assert profiled.decode_step_time(concurrency, concurrency * context) == measured
-
-
-@needs_data
-def test_profile_model_interpolates_between_points(profiled: perfmodel.ProfiledPerformanceModel) -> None:
-    table = profiled.table
-    # Half-way along ISL: half-way between the two TTFTs.
-    isl = (table.prefill_isl[3] + table.prefill_isl[4]) // 2
-    assert profiled.ttft(isl) == pytest.approx(
-        (table.prefill_ttft_s[3] + table.prefill_ttft_s[4]) / 2, rel=1e-3
-    )
-    # Between two measured contexts the ITL lies between the two contexts' ITLs at that concurrency.
-    low, high = profiled.itl(20, table.decode_context[3]), profiled.itl(20, table.decode_context[4])
-    middle = profiled.itl(20, (table.decode_context[3] + table.decode_context[4]) // 2)
-    assert min(low, high) <= middle <= max(low, high)
-    # A chunk after a context costs what the TTFT grows by; more context costs more.
-    assert profiled.prefill_time(1000, 4000) == pytest.approx(profiled.ttft(5000) - profiled.ttft(4000))
-    assert profiled.prefill_time(1000, 12000) > profiled.prefill_time(1000, 2000)
-    assert profiled.kv_capacity_tokens() == pytest.approx(945_029, rel=1e-3)
-    assert profiled.kv_transfer_time(2000, 50e9) == pytest.approx(vllm_8b_h200().kv_transfer_time(2000, 50e9))
-
-
-def test_both_models_answer_the_same_questions() -> None:
-    """The simulators take either model; mypy holds both to the protocol."""
-    table = perfmodel.ProfileTable(
-        prefill_isl=(100, 1000),
-        prefill_ttft_s=(0.02, 0.05),
-        decode_context=(500,),
-        decode_concurrency=((1, 100),),
-        decode_itl_s=((0.005, 0.02),),
-        kv_capacity_tokens=1000,
-    )
-    models: list[perfmodel.StepTimeModel] = [
-        perfmodel.PerformanceModel(LLAMA_8B, H200),
-        perfmodel.ProfiledPerformanceModel(table, model=LLAMA_8B),
-    ]
-    for model in models:
-        assert model.prefill_time(500) > 0 and model.decode_step_time(10, 5000) > 0
-        assert model.ttft(500) > 0 and model.itl(10, 500) > 0 and model.kv_capacity_tokens() > 0
-    assert models[1].itl(50, 500) == pytest.approx(0.005 + 0.015 * 49 / 99)
