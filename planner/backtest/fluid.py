@@ -159,8 +159,11 @@ class FluidFleet:
         if total > 0 and chosen:
             ttft = _weighted_percentile([s.ttft for s in chosen], counts, percentile)
             itl = _weighted_percentile([s.itl for s in chosen], counts, percentile)
-            ttft_mean = float(np.average([s.ttft.mean() for s in chosen], weights=counts))
-            itl_mean = float(np.average([s.itl.mean() for s in chosen], weights=counts))
+            busy = counts > 0  # a step nobody arrived in weighs nothing, even where its latency is infinite
+            ttft_mean = float(np.average([s.ttft.mean() for s, b in zip(chosen, busy, strict=True) if b],
+                                         weights=counts[busy]))
+            itl_mean = float(np.average([s.itl.mean() for s, b in zip(chosen, busy, strict=True) if b],
+                                        weights=counts[busy]))
         return WindowStats(
             start=start, end=end, arrivals=int(total), rate_rps=total / length,
             isl_mean=self.isl_mean if total else None, osl_mean=self.osl_mean if total else None,
