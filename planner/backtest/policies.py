@@ -292,7 +292,9 @@ class Dynamo(Base):
         self.itl_s = setting.sla.itl_ms / 1e3
         self._current = setting.clamp(initial)
         self._initial = dict(self._current)
-        self.floor: Replicas = {pool: lo for pool, (lo, _) in setting.bounds.items()}
+        # It takes over a running fleet, as every dynamic policy here does: as if its last throughput
+        # tick had asked for the fleet it starts with (a cold floor would let the load loop cut it).
+        self.floor: Replicas = dict(self._current)
         self._rates: list[float] = []  # one per throughput interval
         self._pending = (0.0, 0, 0.0, 0.0)  # seconds, arrivals, ISL and OSL token sums since the last tick
         self._isl: float | None = None

@@ -61,11 +61,14 @@ def test_decode_scales_up_on_the_itl_of_its_sequences_and_down_only_when_survivo
     assert dynamo.react(stats(0, 5, sequences=2 * crowded, starting=(1, 0)), 5.0) == {"prefill": 2, "decode": 3}
     # Idle: survivors of a scale-down would be far within target, so one replica goes (per pool).
     dynamo = planner(initial=(3, 3))
+    assert dynamo.react(stats(0, 5, ready=(3, 3), sequences=3.0), 5.0) is None  # not below the fleet it took over
+    dynamo.floor = {"prefill": 1, "decode": 1}  # as after a throughput tick at low load
     assert dynamo.react(stats(0, 5, ready=(3, 3), sequences=3.0), 5.0) == {"prefill": 2, "decode": 2}
     # Busy enough that 2 survivors would cross 80% of the ITL target: decode stays.
     busy = next(n for n in np.linspace(1, 256, 512) if SETTING.capacity.itl_s(n * 1.5, context).value > 0.8 * ITL_S
                 and SETTING.capacity.itl_s(n, context).value < ITL_S)
     dynamo = planner(initial=(3, 3))
+    dynamo.floor = {"prefill": 1, "decode": 1}
     decision = dynamo.react(stats(0, 5, ready=(3, 3), sequences=3 * busy), 5.0)
     assert decision is not None and decision["decode"] == 3
 
