@@ -17,6 +17,11 @@ echo "== tests"
 set +e
 pytest tests -p no:cacheprovider "$@"
 status=$?
+echo "== backtest benchmark, quick (every policy on two traces; the full run is benchmarks/backtest.py)"
+quick_out=$(mktemp -d)
+python benchmarks/backtest.py --quick --out "$quick_out"
+bench_status=$?
+rm -rf "$quick_out"
 echo "== e2e: the closed loop (cluster e2e, Prometheus, operator, planner, simulated fleet)"
 pytest e2e -p no:cacheprovider
 e2e_status=$?
@@ -28,4 +33,5 @@ for code in $status $e2e_status; do
   fi
 done
 (( status == 0 )) || exit $status
+(( bench_status == 0 )) || exit $bench_status
 exit $e2e_status
