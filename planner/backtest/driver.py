@@ -348,7 +348,9 @@ def fewest(lo: int, hi: int, enough: Callable[[int], bool]) -> int:
 def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, setting: policies.Setting, *,
                   attainment: float) -> list[dict[FleetPool, int]]:
     """Per interval, the fewest prefill then decode replicas with which at least `attainment` of the
-    interval's servable requests meet the SLA (simulated alone, on replicas that are already up).
+    interval's servable requests meet the SLA, on a fleet of that size that has been up since the
+    interval before (so it also carries what that interval left queued or decoding: sized on its own
+    requests alone, the oracle shrank to a fleet that its predecessors' long decodes then swamped).
 
     Prefill is searched with decode at its maximum, then decode with that prefill count; a pool that
     cannot reach it even at its maximum gets its maximum. Requests no idle replica could serve are left
@@ -364,23 +366,27 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
     (p_lo, p_hi), (d_lo, d_hi) = setting.bounds["prefill"], setting.bounds["decode"]
     probe = fleetsim.FleetSimulator(instant, [], {"prefill": 0, "decode": 0})
     needs: list[dict[FleetPool, int]] = []
+    servable = [probe.lone_ttft(r.input_tokens) <= ttft_target
+                and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target for r in requests]
     for w in range(count):
-        chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - w * interval)
-                 for r in requests[bounds[w]:bounds[w + 1]]
-                 if probe.lone_ttft(r.input_tokens) <= ttft_target
-                 and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target]
-        if not chunk:
+        begin = max(w - 1, 0) * interval  # the interval before: its work is still on the fleet
+        chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - begin)
+                 for r, ok in zip(requests[bounds[max(w - 1, 0)]:bounds[w + 1]],
+                                  servable[bounds[max(w - 1, 0)]:bounds[w + 1]], strict=True) if ok]
+        judged = np.array([r.arrival_s >= w * interval - begin for r in chunk], dtype=bool)
+        if not judged.any():
             needs.append({"prefill": p_lo, "decode": d_lo})
             continue
 
-        def met(prefill: int, decode: int, *, itl: bool, chunk: list[Request] = chunk) -> bool:
+        def met(prefill: int, decode: int, *, itl: bool, chunk: list[Request] = chunk,
+                judged: np.ndarray = judged) -> bool:
             sim = fleetsim.FleetSimulator(instant, chunk, {"prefill": prefill, "decode": decode})
             sim.finish()
             o = sim.outcomes()
             good = ~o.failed & (o.ttft <= ttft_target)
             if itl:
                 good &= o.itl <= itl_target
-            return float(good.mean()) >= attainment - 1e-12
+            return float(good[judged].mean()) >= attainment - 1e-12
 
         prefill = fewest(max(p_lo, 1), p_hi, lambda p: met(p, d_hi, itl=False))
         decode = fewest(max(d_lo, 1), d_hi, lambda d, p=prefill: met(p, d, itl=True))  # type: ignore[misc]
