@@ -265,10 +265,9 @@ def _bracket(results: list[driver.RunResult], one: Callable[[float], driver.RunR
 def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[float]] = KNOBS,
               needs: Sequence[Mapping[FleetPool, int]] | None = None, bracket: bool = True) -> GroupResult:
     """Every knob setting of one policy on `scenario`, extended until the sweep brackets the SLA (unless
-    `bracket` is off); `needs` are the oracle's for the SLA percentile, if known."""
+    `bracket` is off); `needs` are the oracle's for every request (share 1), if known."""
     setting = scenario.setting
-    sla_share = scenario.sla.percentile / 100.0
-    exact_needs = list(needs) if needs is not None else scenario.needs(sla_share)
+    exact_needs = list(needs) if needs is not None else scenario.needs(1.0)
     # Every dynamic policy takes over a fleet that was right for the start of the trace (the oracle's
     # first decision), as if it had been running before: the comparison is about following the load,
     # not about a cold start that every reactive policy would lose the same way.
@@ -303,7 +302,7 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
             return policies.Fleetpilot(setting, chosen, predictor_name=name, headroom=k, initial=start)
         values = knobs["fleetpilot"]
     elif group == "oracle":
-        shares: dict[float, Sequence[Mapping[FleetPool, int]]] = {sla_share: exact_needs}
+        shares: dict[float, Sequence[Mapping[FleetPool, int]]] = {1.0: exact_needs}
         def factory(k: float) -> policies.Policy:
             if k not in shares:
                 shares[k] = scenario.needs(k)
@@ -343,7 +342,9 @@ def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, worke
             progress: Callable[[GroupResult], None] | None = None) -> dict[str, GroupResult]:
     """Every policy group on `scenario`, in `workers` processes (forked: the scenario is shared, not sent)."""
     names = groups(predictors)
-    needs = scenario.needs(scenario.sla.percentile / 100.0)  # once: every group's starting fleet, and the oracle
+    # Once: every group's starting fleet (sized for every request of the first intervals: a fleet sized
+    # for 90% of them leaves a backlog no policy clears before the first 5-minute window ends), and the oracle.
+    needs = scenario.needs(1.0)
     done: dict[str, GroupResult] = {}
     if workers <= 1:
         for name in names:
