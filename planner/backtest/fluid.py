@@ -5,14 +5,23 @@ series too long to simulate request by request (14 days of ServeGen at tens of r
 tens of millions of requests; a sweep runs dozens of them). The per-request simulator is the reference:
 `benchmarks/backtest.py` runs both on the 1-hour traces and reports how far apart they are.
 
-Per step of `step_s` (the arrivals of a step are given; lengths are drawn once, as a sample):
+Per step of `step_s` (the arrivals of a step are given, optionally per sub-step; lengths are drawn
+once, as a sample):
 - **Prefill**: a prompt costs a replica S = max(its own prefill time, its share of a full batched
-  step) seconds: long prompts pay their quadratic attention, short ones batch. Work beyond the ready
-  replicas' capacity piles up as a backlog that later steps drain. A request's TTFT is its own lone
-  prefill time (long prompts are slow whatever the load) plus an M/G/c wait over the ready
-  replicas (the frontend sends each prompt to the least-loaded one): with the Erlang-C probability,
-  exponential with mean R / (c·(1 − ρ)), R = E[S²] / 2E[S] (Allen–Cunneen), plus the backlog's drain time, the KV transfer and one decode step.
-  Percentiles are read off the sample.
+  step) seconds: long prompts pay their quadratic attention, short ones batch. A request's TTFT is
+  its own lone prefill time (long prompts are slow whatever the load) plus its wait, the KV transfer
+  and one decode step; percentiles are read off the sample. The wait depends on what is known of
+  the arrivals within the step:
+  - *Counts per sub-step* (a request trace: its bursts of a second or less): prompt work is a fluid
+    between sub-steps; what arrives beyond the ready replicas' capacity piles up and later sub-steps
+    drain it (Lindley's recursion). A prompt waits for the backlog ahead of it when it arrives
+    and, with probability ρ, for the batched step in progress (chunked prefill: a long prompt shares
+    steps, it does not hold the replica).
+  - *A count per step* (a rate series: Poisson within the step): an M/G/c wait over the ready
+    replicas (the frontend sends each prompt to the least-loaded one): with the Erlang-C probability,
+    exponential with mean R / (c·(1 − ρ)), R = E[S²] / 2E[S] (Allen–Cunneen), plus the backlog's
+    drain time.
+  Validated against `fleetsim` on one fleet (`evaluate.replay`); `benchmarks/backtest.py` reports it.
 - **Decode**: Little's law, c = rate per replica × OSL × ITL(c), solved by fixed-point iteration
   with ITL from `decode_step_time(c, c × mean context)`; beyond the batch cap or the KV cache, the
   replica runs at the cap and the excess waits (that wait goes into TTFT). A request's ITL is that of
@@ -67,7 +76,11 @@ class FluidFleet:
         self.config = config
         self.timing = config.timing
         self.step_s = step_s
-        self.arrivals = np.asarray(arrivals, dtype=float)
+        given = np.asarray(arrivals, dtype=float)
+        # Arrivals within each step, in sub-steps: bursts shorter than a step queue prompts that a
+        # step's mean rate would not (one sub-step per step: Poisson within the step).
+        self.sub_arrivals = given if given.ndim == 2 else given[:, None]
+        self.arrivals = self.sub_arrivals.sum(axis=1)
         rng = np.random.default_rng(seed)
         pick = rng.choice(len(isl_sample), size=min(_SAMPLE, len(isl_sample)), replace=False)
         self.isl = np.asarray(isl_sample, dtype=float)[pick]
@@ -75,6 +88,7 @@ class FluidFleet:
         self.isl_mean, self.osl_mean = float(self.isl.mean()), float(self.osl.mean())
         # Fixed quantiles for the waiting time, so a run is deterministic and percentiles are smooth.
         self._wait_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))
+        self._place_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))  # when in the step
         self._lone_prefill = np.array([self.timing.ttft(int(n)) for n in self.isl])
         self._transfer = np.array([self.timing.kv_transfer_time(int(n), config.kv_bandwidth_bytes_per_s)
                                    for n in self.isl])
@@ -84,6 +98,9 @@ class FluidFleet:
                              np.array([self.timing.prefill_time(int(n)) for n in self.isl]))
         self._service_mean = float(service.mean())
         self._residual_s = float((service**2).mean() / (2 * self._service_mean))
+        # Where sub-steps carry the arrivals' variance, a prompt waits at most for the batched step in
+        # progress (chunked prefill: a long prompt does not hold the replica, it shares its steps).
+        self._step_residual_s = self.timing.prefill_time(budget) / 2
         context = self.isl_mean + self.osl_mean / 2
         kv_limit = config.kv_capacity_tokens / (self.isl_mean + self.osl_mean)
         self.decode_cap = max(1.0, min(float(config.max_num_seqs), kv_limit))
@@ -231,24 +248,15 @@ class FluidFleet:
     # -- the model ----------------------------------------------------------------------------------------
 
     def latency(self, rate_rps: float, prefill: int, decode: int, *, prefill_backlog: float = 0.0,
-                decode_backlog: float = 0.0, step_s: float | None = None) -> StepLatency:
-        """Latencies of one step at `rate_rps` on `prefill` and `decode` ready replicas (pure)."""
+                decode_backlog: float = 0.0, step_s: float | None = None,
+                within: np.ndarray | None = None) -> StepLatency:
+        """Latencies of one step at `rate_rps` on `prefill` and `decode` ready replicas (pure).
+
+        `within`: the step's arrivals per sub-step (default: one sub-step, Poisson within the step).
+        """
         step = self.step_s if step_s is None else step_s
-        # Prefill work in replica-seconds: each prompt costs its own (attention-aware) prefill time,
-        # or its share of a full batched step when it is short enough to be batched with others.
-        offered = rate_rps * self._service_mean
-        capacity = float(max(prefill, 0))
-        rho = offered / capacity if capacity > 0 else math.inf
-        backlog = max(0.0, prefill_backlog + (offered - capacity) * step)
-        held = min(rho, 0.99)
-        # M/G/c wait (Erlang C with the Allen–Cunneen correction): a prompt waits with the Erlang-C
-        # probability, then for an exponential time of mean R / (c·(1 − ρ)), R = E[S²] / 2E[S] the mean
-        # residual prompt: long-tailed prompts make everyone behind them wait longer.
-        waits = erlang_c(prefill, held * prefill) if prefill > 0 else 1.0
-        tail = np.clip((self._wait_u - (1.0 - waits)) / max(waits, 1e-12), 0.0, 1.0 - 1e-12)
-        mean_wait = self._residual_s / (max(prefill, 1) * (1.0 - held))
-        wait = np.where(self._wait_u > 1.0 - waits, -np.log1p(-tail) * mean_wait, 0.0)
-        drain = backlog / capacity if capacity > 0 else math.inf
+        shape = np.asarray(within, dtype=float) if within is not None else np.array([rate_rps * step])
+        wait, backlog, rho = self._prefill_wait(shape, prefill, prefill_backlog, step / len(shape))
         # Decode: Little's law fixed point, capped at the batch / KV limit.
         per_replica = rate_rps / decode if decode > 0 else math.inf
         concurrency, overloaded = self._concurrency(per_replica)
@@ -263,12 +271,55 @@ class FluidFleet:
         d_backlog = max(0.0, decode_backlog + (rate_rps - served) * step) if overloaded or decode_backlog > 0 \
             else 0.0
         d_wait = d_backlog / served if served > 0 else math.inf
-        ttft = self._lone_prefill + wait + drain + self._transfer + d_wait + itl_mean
+        ttft = self._lone_prefill + wait + self._transfer + d_wait + itl_mean
         return StepLatency(
             ttft=ttft, itl=itl, busy=min(1.0, rho), kv_usage=min(1.0, concurrency * self.context
                                                                   / self.config.kv_capacity_tokens),
             prefill_backlog_s=backlog, decode_backlog_requests=d_backlog, decode_concurrency=concurrency,
         )
+
+    def _prefill_wait(self, shape: np.ndarray, prefill: int, backlog_in: float,
+                      sub_s: float) -> tuple[np.ndarray, float, float]:
+        """Each sampled prompt's wait for a prefill replica, the backlog left at the end of the step
+        (replica-seconds) and the step's utilisation, from its arrivals per sub-step of `sub_s`.
+
+        Between sub-steps the prompt work is a fluid: what arrives beyond the replicas' capacity piles
+        up and later sub-steps drain it (Lindley's recursion, vectorised). A prompt arriving a share v
+        into its sub-step waits for the backlog then ahead of it, plus an M/G/c wait at the sub-step's
+        own rate (Erlang C with the Allen–Cunneen residual R = E[S²] / 2E[S]), which cannot exceed half
+        the sub-step's own work: a queue cannot outgrow what arrived.
+        """
+        work = shape * self._service_mean  # replica-seconds of prompts arriving per sub-step
+        total_work = float(work.sum())
+        step_s = sub_s * len(shape)
+        if prefill <= 0:
+            waits = np.full(len(self.isl), math.inf)
+            return waits, backlog_in + total_work, math.inf if total_work > 0 else 0.0
+        capacity = prefill * sub_s
+        excess = work - capacity
+        level = backlog_in + np.concatenate(([0.0], np.cumsum(excess)))
+        backlog = level - np.minimum(np.minimum.accumulate(level), 0.0)  # at each sub-step boundary
+        arrived = float(shape.sum())
+        if arrived > 0:
+            # Each sampled prompt lands in a sub-step in proportion to its arrivals, uniformly within it.
+            cumulative = np.cumsum(shape) / arrived
+            sub = np.minimum(np.searchsorted(cumulative, self._place_u, side="right"), len(shape) - 1)
+            before = np.where(sub > 0, cumulative[sub - 1], 0.0)
+            into = np.clip((self._place_u - before) / np.maximum(shape[sub] / arrived, 1e-12), 0.0, 1.0)
+        else:
+            sub = np.zeros(len(self.isl), dtype=int)
+            into = self._place_u
+        ahead = np.maximum(0.0, backlog[sub] + excess[sub] * into)
+        rho = np.minimum(work / capacity, 0.99)
+        if len(shape) == 1:  # Poisson within the step: the stationary M/G/c wait
+            probability = erlang_c_array(prefill, rho * prefill)[sub]
+            mean_wait = np.minimum(self._residual_s / (prefill * (1.0 - rho)), work / (2 * prefill))[sub]
+        else:  # the sub-steps carry the queue; a prompt finding its replica busy waits for the step in progress
+            probability = rho[sub]
+            mean_wait = np.full(len(sub), self._step_residual_s)
+        tail = np.clip((self._wait_u - (1.0 - probability)) / np.maximum(probability, 1e-12), 0.0, 1.0 - 1e-12)
+        queued = np.where(self._wait_u > 1.0 - probability, -np.log1p(-tail) * mean_wait, 0.0)
+        return ahead / prefill + queued, float(backlog[-1]), total_work / (prefill * step_s)
 
     def _itl(self, concurrency: float) -> float:
         batch = max(1, round(concurrency))
@@ -293,7 +344,8 @@ class FluidFleet:
     def _advance(self, count: float) -> StepLatency:
         mid = self.now + self.step_s / 2
         result = self.latency(count / self.step_s, self.ready("prefill", mid), self.ready("decode", mid),
-                              prefill_backlog=self._prefill_backlog, decode_backlog=self._decode_backlog)
+                              prefill_backlog=self._prefill_backlog, decode_backlog=self._decode_backlog,
+                              within=self.sub_arrivals[self._step])
         self._prefill_backlog = result.prefill_backlog_s
         self._decode_backlog = result.decode_backlog_requests
         return result
@@ -311,6 +363,17 @@ def erlang_c(servers: int, offered: float) -> float:
         total += term
     last = term * offered / servers / (1.0 - offered / servers)
     return last / (total + last)
+
+
+def erlang_c_array(servers: int, offered: np.ndarray) -> np.ndarray:
+    """`erlang_c` over an array of offered loads (Erlang B's recursion, then B → C)."""
+    offered = np.asarray(offered, dtype=float)
+    blocking = np.ones_like(offered)
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        waiting = servers * blocking / (servers - offered * (1.0 - blocking))
+    return np.where(offered <= 0, 0.0, np.where(offered >= servers, 1.0, waiting))
 
 
 def _weighted_percentile(samples: Sequence[np.ndarray], weights: np.ndarray, percentile: float) -> float:
@@ -345,13 +408,16 @@ def fluid_needs(fleet: FluidFleet, *, interval_s: float, sla: api.SlaTarget, att
 
     needs: list[dict[FleetPool, int]] = []
     for w in range(count):
-        peak = float(fleet.arrivals[w * per:(w + 1) * per].max()) / fleet.step_s
+        busiest = w * per + int(np.argmax(fleet.arrivals[w * per:(w + 1) * per]))
+        peak = float(fleet.arrivals[busiest]) / fleet.step_s
         if peak <= 0:
             needs.append({"prefill": p_lo, "decode": d_lo})
             continue
-        prefill = fewest(max(p_lo, 1), p_hi, lambda p, r=peak: met(fleet.latency(r, p, d_hi), itl=False))  # type: ignore[misc]
-        decode = fewest(max(d_lo, 1), d_hi,
-                        lambda d, r=peak, p=prefill: met(fleet.latency(r, p, d), itl=True))  # type: ignore[misc]
+        within = fleet.sub_arrivals[busiest]
+        prefill = fewest(max(p_lo, 1), p_hi, lambda p, r=peak, shape=within: met(  # type: ignore[misc]
+            fleet.latency(r, p, d_hi, within=shape), itl=False))
+        decode = fewest(max(d_lo, 1), d_hi, lambda d, r=peak, shape=within, p=prefill: met(  # type: ignore[misc]
+            fleet.latency(r, p, d, within=shape), itl=True))
         needs.append({"prefill": prefill, "decode": decode})
     return needs
 

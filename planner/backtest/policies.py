@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from fleetpilot.api import v1alpha1 as api
@@ -501,3 +501,26 @@ class Oracle(Base):
 
     def forecast(self) -> float | None:
         return None
+
+
+# -- a recorded fleet, replayed --------------------------------------------------------------------------
+
+
+class Replay(Base):
+    """The fleet another run had, interval by interval: the same decisions on another fleet model, so
+    that two models are compared on one fleet (the fluid model against the per-request simulator)."""
+
+    def __init__(self, name: str, knob: float, active: Mapping[FleetPool, Iterable[int]], *,
+                 interval_s: float) -> None:
+        self.name, self.knob, self.interval_s = name, knob, interval_s
+        self.active = {pool: list(active[pool]) for pool in FLEET_POOLS}
+
+    def initial(self) -> Replicas:
+        return self._at(0)
+
+    def decide(self, stats: WindowStats, now: float) -> Replicas:
+        # Row k was recorded at the k+1-th decision, before it: what that decision asked for is row k+1.
+        return self._at(round(now / self.interval_s))
+
+    def _at(self, row: int) -> Replicas:
+        return {pool: int(values[min(row, len(values) - 1)]) for pool, values in self.active.items()}

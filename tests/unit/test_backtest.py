@@ -185,6 +185,33 @@ def test_fluid_and_per_request_agree_on_a_poisson_load() -> None:
         assert stats.ttft_p == pytest.approx(ttft_exact, rel=0.35), prefill
 
 
+def test_the_fluid_queues_prompts_on_bursts_a_step_rate_hides() -> None:
+    # A burst of 60 prompts within 0.3 s every 10 s: 6 req/s on average, a light load for two prefill
+    # replicas, but each burst queues. Told the arrivals per half-second, the fluid sees the queue the
+    # per-request simulator sees; told only the count per step, it sees none.
+    rng = np.random.default_rng(5)
+    requests = [Request(float(burst * 10 + t), int(i), 16) for burst in range(60)
+                for t, i in zip(np.sort(rng.uniform(0, 0.3, 60)), rng.integers(1024, 3072, 60), strict=True)]
+    arrivals = np.array([r.arrival_s for r in requests])
+    exact = fleetsim.FleetSimulator(CONFIG, requests, {"prefill": 2, "decode": 2})
+    exact.finish()
+    ttft_exact = float(np.percentile(exact.outcomes().ttft, 90))
+    lengths = {"isl_sample": [r.input_tokens for r in requests], "osl_sample": [r.output_tokens for r in requests]}
+
+    def fluid_p90(counts: np.ndarray) -> float:
+        model = fluid.FluidFleet(CONFIG, counts, step_s=10, initial={"prefill": 2, "decode": 2}, **lengths)
+        model.finish()
+        stats = model.window(0, 600, percentile=90)
+        assert stats.ttft_p is not None
+        return stats.ttft_p
+
+    per_step = np.bincount((arrivals // 10).astype(int), minlength=60)[:60].astype(float)
+    per_half_second = np.bincount((arrivals // 0.5).astype(int), minlength=1200)[:1200].astype(float)
+    assert ttft_exact > SLA.ttft_ms / 1e3  # the bursts do queue
+    assert fluid_p90(per_half_second.reshape(60, 20)) == pytest.approx(ttft_exact, rel=0.35)
+    assert fluid_p90(per_step) < ttft_exact / 2
+
+
 @pytest.fixture(scope="module")
 def azure_scenario() -> evaluate.Scenario:
     profile = evaluate.load_profile(str(TRACES / "calibration" / "h200_llama31_8b_fp8_vllm"))
@@ -390,3 +417,15 @@ def test_a_fast_loop_runs_between_decisions_and_sees_the_prompt_queue() -> None:
     assert max(policy.queued) > 0
     assert result.actions == policy.current["prefill"] - 1 > 0
     assert fleet.active("prefill") == policy.current["prefill"]
+
+
+def test_a_replayed_fleet_scores_what_the_run_it_replays_scored(azure_scenario: evaluate.Scenario) -> None:
+    # The fluid check compares the two fleet models on one fleet: replaying a run's fleet on the same
+    # model must give back the same GPU-hours and the same requests met.
+    run = evaluate.run_group(azure_scenario, "fleetpilot-constant", knobs={"fleetpilot": (0.1,)},
+                             bracket=False).results[0]
+    again = evaluate.replay(azure_scenario, run)
+    assert run.actions > 0
+    assert again.gpu_hours == pytest.approx(run.gpu_hours)
+    assert again.request_attainment == pytest.approx(run.request_attainment)
+    assert list(again.timeline.active["prefill"]) == list(run.timeline.active["prefill"])
