@@ -352,9 +352,9 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
     interval before (so it also carries what that interval left queued or decoding: sized on its own
     requests alone, the oracle shrank to a fleet that its predecessors' long decodes then swamped).
 
-    Prefill is searched with decode at its maximum, then decode with that prefill count; a pool that
-    cannot reach it even at its maximum gets its maximum. Requests no idle replica could serve are left
-    out, as the scores leave them out.
+    Prefill is searched with decode at its maximum, then decode with that prefill count; where even
+    the maximum cannot reach that share, the share the maximum reaches is the goal. Requests no idle
+    replica could serve are left out, as the scores leave them out.
     """
     sla = setting.sla
     interval = setting.interval_s
@@ -378,18 +378,28 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
             needs.append({"prefill": p_lo, "decode": d_lo})
             continue
 
-        def met(prefill: int, decode: int, *, itl: bool, chunk: list[Request] = chunk,
-                judged: np.ndarray = judged) -> bool:
-            sim = fleetsim.FleetSimulator(instant, chunk, {"prefill": prefill, "decode": decode})
-            sim.finish()
-            o = sim.outcomes()
-            good = ~o.failed & (o.ttft <= ttft_target)
-            if itl:
-                good &= o.itl <= itl_target
-            return float(good[judged].mean()) >= attainment - 1e-12
+        shares: dict[tuple[int, int], tuple[float, float]] = {}
 
-        prefill = fewest(max(p_lo, 1), p_hi, lambda p: met(p, d_hi, itl=False))
-        decode = fewest(max(d_lo, 1), d_hi, lambda d, p=prefill: met(p, d, itl=True))  # type: ignore[misc]
+        def share(prefill: int, decode: int, *, itl: bool, chunk: list[Request] = chunk,
+                  judged: np.ndarray = judged, shares: dict[tuple[int, int], tuple[float, float]] = shares,
+                  ) -> float:
+            """The share of the interval's judged requests meeting TTFT (and ITL) on this fleet."""
+            if (prefill, decode) not in shares:
+                sim = fleetsim.FleetSimulator(instant, chunk, {"prefill": prefill, "decode": decode})
+                sim.finish()
+                o = sim.outcomes()
+                fast = ~o.failed & (o.ttft <= ttft_target)
+                shares[prefill, decode] = (float(fast[judged].mean()),
+                                           float((fast & (o.itl <= itl_target))[judged].mean()))
+            return shares[prefill, decode][1 if itl else 0]
+
+        # Where even the largest fleet cannot serve that share (a burst of prompts that queue on any
+        # number of replicas), the goal is what the largest fleet serves: asking for the bound there
+        # would buy nothing and cost more than a policy with the same score.
+        ttft_goal = min(attainment, share(p_hi, d_hi, itl=False)) - 1e-12
+        prefill = fewest(max(p_lo, 1), p_hi, lambda p, g=ttft_goal: share(p, d_hi, itl=False) >= g)  # type: ignore[misc]
+        goal = min(attainment, share(prefill, d_hi, itl=True)) - 1e-12
+        decode = fewest(max(d_lo, 1), d_hi, lambda d, p=prefill, g=goal: share(p, d, itl=True) >= g)  # type: ignore[misc]
         needs.append({"prefill": prefill, "decode": decode})
     return needs
 

@@ -89,6 +89,7 @@ class Scenario:
     step_s: float = 60.0
     isl_sample: tuple[int, ...] = ()
     osl_sample: tuple[int, ...] = ()
+    known_needs: Mapping[float, Sequence[Mapping[FleetPool, int]]] = dataclasses.field(default_factory=dict)
 
     @property
     def horizon(self) -> int:
@@ -103,6 +104,8 @@ class Scenario:
 
     def needs(self, attainment: float) -> list[dict[FleetPool, int]]:
         """The oracle's per-interval needs for this share of each interval's requests."""
+        if attainment in self.known_needs:
+            return [dict(need) for need in self.known_needs[attainment]]
         if self.fidelity == "request":
             return driver.request_needs(self.requests, self.fleet_config, self.setting, attainment=attainment)
         fleet = self.make_fleet({"prefill": 0, "decode": 0})
@@ -168,6 +171,12 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
     rates, loads = _interval_loads(arrivals, isl, osl, interval_s=interval_s, count=count)
     config = fleetsim.FleetConfig(timing=timing or default_timing(), startup_s=startup_s)
     beliefs = capacity.CapacityModel(profile)
+    known: dict[float, Sequence[Mapping[FleetPool, int]]] = {}
+    if bounds is None and fidelity == "fluid":
+        bounds = scaled_bounds(beliefs, sla, loads)
+    elif bounds is None:
+        bounds, known[1.0] = _bounds_from_needs(requests, config, sla, loads, beliefs, interval_s=interval_s,
+                                                startup_s=startup_s)
     # The fluid sees the trace's arrivals per sub-step: its bursts, not only its rate per step.
     per = max(1, round(fluid_step_s / FLUID_SUB_STEP_S))
     cells = max(1, math.ceil(duration / fluid_step_s)) * per
@@ -178,10 +187,26 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
         description=(f"{path.name}, rate ×{rate_factor:g}: {len(requests):,} requests over {duration / 3600:.2f} h, "
                      f"mean {len(requests) / duration:.2f} req/s, ISL {isl.mean():,.0f}, OSL {osl.mean():,.0f}"),
         setting=policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s,
-                                 bounds=bounds or scaled_bounds(beliefs, sla, loads)),
+                                 bounds=bounds),
         fleet_config=config, requests=requests, counts=counts, step_s=fluid_step_s,
-        isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl),
+        isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl), known_needs=known,
     )
+
+
+def _bounds_from_needs(requests: Sequence[traces.Request], config: fleetsim.FleetConfig, sla: api.SlaTarget,
+                       loads: Sequence[policies.IntervalLoad], beliefs: capacity.CapacityModel, *,
+                       interval_s: float, startup_s: float,
+                       ) -> tuple[dict[FleetPool, tuple[int, int]], list[dict[FleetPool, int]]]:
+    """Bounds that cap no policy: the planner's scaled bounds, raised to twice what the oracle needs
+    anywhere (what the planner believes can be far from what the fleet needs: on Mooncake ×4 it
+    sized decode at 3 where the oracle needs 17), and the oracle's needs for every request."""
+    believed = scaled_bounds(beliefs, sla, loads)
+    wide = {pool: (1, min(512, 4 * hi)) for pool, (_, hi) in believed.items()}
+    setting = policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s, bounds=wide)
+    needs = driver.request_needs(requests, config, setting, attainment=1.0)
+    raised = {pool: (1, min(512, max(hi, 2 * max((need[pool] for need in needs), default=1))))
+              for pool, (_, hi) in believed.items()}
+    return raised, needs
 
 
 def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, sla: api.SlaTarget,

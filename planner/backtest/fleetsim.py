@@ -296,7 +296,8 @@ class FleetSimulator:
 
     def lone_ttft(self, isl: int, osl: int = 1) -> float:
         """A request's TTFT alone on idle replicas: prefill, KV transfer, one decode step (and overhead)."""
-        return (self.timing.ttft(isl) + self.timing.kv_transfer_time(isl, self.config.kv_bandwidth_bytes_per_s)
+        return (self.overhead_s + lone_prefill_s(self.timing, isl, self.config.max_batched_tokens)
+                + self.timing.kv_transfer_time(isl, self.config.kv_bandwidth_bytes_per_s)
                 + self.timing.decode_step_time(1, isl))
 
     def lone_itl(self, isl: int, osl: int) -> float:
@@ -534,6 +535,19 @@ class FleetSimulator:
     def _stop_if_drained(self, replica: _Replica) -> None:
         if replica.draining and replica.stopped is None and replica.idle():
             replica.stopped = self.now
+
+
+def lone_prefill_s(timing: perfmodel.PerformanceModel, isl: int, budget: int) -> float:
+    """A prompt's prefill alone on a replica, in chunks of `budget` tokens priced as `_prefill_step`
+    prices them (each chunk pays the step's fixed costs and attends to the chunks before it): one
+    shot at `timing.prefill_time(isl)` undercounts a long prompt by up to tens of milliseconds, enough
+    to call a request servable that never meets its TTFT."""
+    total, done = 0.0, 0
+    while done < isl:
+        n = min(budget, isl - done)
+        total += timing.prefill_time(n, done)
+        done += n
+    return total
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,13 @@ import numpy as np
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner.backtest import scores
 from fleetpilot.planner.backtest.driver import WindowScores, fewest
-from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetConfig, FleetPool, WindowStats
+from fleetpilot.planner.backtest.fleetsim import (
+    FLEET_POOLS,
+    FleetConfig,
+    FleetPool,
+    WindowStats,
+    lone_prefill_s,
+)
 
 _SAMPLE = 2000  # requests in the length sample; every percentile is read off it
 
@@ -89,13 +95,13 @@ class FluidFleet:
         # Fixed quantiles for the waiting time, so a run is deterministic and percentiles are smooth.
         self._wait_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))
         self._place_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))  # when in the step
-        self._lone_prefill = np.array([self.timing.ttft(int(n)) for n in self.isl])
+        budget = config.max_batched_tokens
+        alone = np.array([lone_prefill_s(self.timing, int(n), budget) for n in self.isl])
+        self._lone_prefill = self.timing.calibration.ttft_overhead_s + alone
         self._transfer = np.array([self.timing.kv_transfer_time(int(n), config.kv_bandwidth_bytes_per_s)
                                    for n in self.isl])
-        budget = config.max_batched_tokens
         batched_tokens_per_s = budget / self.timing.prefill_time(budget)
-        service = np.maximum(self.isl / batched_tokens_per_s,
-                             np.array([self.timing.prefill_time(int(n)) for n in self.isl]))
+        service = np.maximum(self.isl / batched_tokens_per_s, alone)
         self._service_mean = float(service.mean())
         self._residual_s = float((service**2).mean() / (2 * self._service_mean))
         # Where sub-steps carry the arrivals' variance, a prompt waits at most for the batched step in

@@ -429,3 +429,23 @@ def test_a_replayed_fleet_scores_what_the_run_it_replays_scored(azure_scenario: 
     assert again.gpu_hours == pytest.approx(run.gpu_hours)
     assert again.request_attainment == pytest.approx(run.request_attainment)
     assert list(again.timeline.active["prefill"]) == list(run.timeline.active["prefill"])
+
+
+def test_a_lone_request_meets_exactly_its_lone_ttft() -> None:
+    # Requests whose lone TTFT misses the target are excluded from every score; one that the estimate
+    # calls servable must be servable (a chunked 60k-token prompt pays a step's fixed cost per chunk).
+    for isl in (100, 8192, 8193, 60_000):
+        sim = fleetsim.FleetSimulator(CONFIG, [Request(0.0, isl, 64)], {"prefill": 1, "decode": 1})
+        sim.finish()
+        assert sim.outcomes().ttft[0] == pytest.approx(sim.lone_ttft(isl), rel=1e-9), isl
+
+
+def test_the_oracle_does_not_buy_the_bound_for_a_request_no_fleet_can_serve() -> None:
+    # One request fits no decode replica's KV cache: no fleet serves every request of its interval,
+    # so sizing that interval for all of them must settle for what any fleet serves, not the bound.
+    requests = poisson_trace(2.0, 180, seed=4)
+    requests.append(Request(90.0, 512, CONFIG.kv_capacity_tokens))
+    requests.sort(key=lambda r: r.arrival_s)
+    setting = dataclasses.replace(PLANNER_SETTING, startup_s=30.0, bounds={"prefill": (1, 16), "decode": (1, 16)})
+    needs = driver.request_needs(requests, CONFIG, setting, attainment=1.0)
+    assert max(max(need.values()) for need in needs) < 16, needs
