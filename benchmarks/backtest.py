@@ -140,7 +140,8 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
          "knows the trace and sizes each interval for a share of its requests, asked for one startup ahead. "
          "Lower is better; below 1 would undercut the oracle (flagged in the detail). `*`: the sweep did not "
          "bracket the target, so the figure is an end of the sweep, not an interpolation. Replica bounds scale "
-         "with each trace's busiest interval (4× the planner's sizing, at least 8); the detail flags any "
+         "with each trace's busiest interval (4× the planner's sizing, at least 8, and at least twice the "
+         "oracle's largest need); the detail flags any "
          "policy that touched one."), "",
         "## Headline: GPU-hours to meet the SLA, as a ratio to the oracle", "", *table, "",
     ]
