@@ -354,7 +354,7 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
 
     Prefill is searched with decode at its maximum, then decode with that prefill count; where even
     the maximum cannot reach that share, the share the maximum reaches is the goal. Requests no idle
-    replica could serve are left out, as the scores leave them out.
+    replica could serve are not judged, as the scores do not judge them, but they load the fleet.
     """
     sla = setting.sla
     interval = setting.interval_s
@@ -370,10 +370,12 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
                 and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target for r in requests]
     for w in range(count):
         begin = max(w - 1, 0) * interval  # the interval before: its work is still on the fleet
-        chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - begin)
-                 for r, ok in zip(requests[bounds[max(w - 1, 0)]:bounds[w + 1]],
-                                  servable[bounds[max(w - 1, 0)]:bounds[w + 1]], strict=True) if ok]
-        judged = np.array([r.arrival_s >= w * interval - begin for r in chunk], dtype=bool)
+        # Unservable requests are not judged, but they are served all the same: a 100k-token prompt
+        # holds a prefill replica for seconds and a quarter of a decode replica's KV cache.
+        first = bounds[max(w - 1, 0)]
+        chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - begin) for r in requests[first:bounds[w + 1]]]
+        judged = np.array([r.arrival_s >= w * interval - begin and ok
+                           for r, ok in zip(chunk, servable[first:bounds[w + 1]], strict=True)], dtype=bool)
         if not judged.any():
             needs.append({"prefill": p_lo, "decode": d_lo})
             continue
