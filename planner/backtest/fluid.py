@@ -291,9 +291,10 @@ class FluidFleet:
 
         Between sub-steps the prompt work is a fluid: what arrives beyond the replicas' capacity piles
         up and later sub-steps drain it (Lindley's recursion, vectorised). A prompt arriving a share v
-        into its sub-step waits for the backlog then ahead of it, plus an M/G/c wait at the sub-step's
-        own rate (Erlang C with the Allen–Cunneen residual R = E[S²] / 2E[S]), which cannot exceed half
-        the sub-step's own work: a queue cannot outgrow what arrived.
+        into its sub-step waits for the backlog then ahead of it, plus: with one sub-step per step, an
+        M/G/c wait (Erlang C with the Allen–Cunneen residual R = E[S²] / 2E[S], no more than half the
+        step's own work: a queue cannot outgrow what arrived); with finer sub-steps, which already carry
+        the arrivals' variance, the batched step in progress, with probability ρ.
         """
         work = shape * self._service_mean  # replica-seconds of prompts arriving per sub-step
         total_work = float(work.sum())
@@ -318,7 +319,7 @@ class FluidFleet:
         ahead = np.maximum(0.0, backlog[sub] + excess[sub] * into)
         rho = np.minimum(work / capacity, 0.99)
         if len(shape) == 1:  # Poisson within the step: the stationary M/G/c wait
-            probability = erlang_c_array(prefill, rho * prefill)[sub]
+            probability = erlang_c(prefill, rho * prefill)[sub]
             mean_wait = np.minimum(self._residual_s / (prefill * (1.0 - rho)), work / (2 * prefill))[sub]
         else:  # the sub-steps carry the queue; a prompt finding its replica busy waits for the step in progress
             probability = rho[sub]
@@ -357,22 +358,9 @@ class FluidFleet:
         return result
 
 
-def erlang_c(servers: int, offered: float) -> float:
-    """The probability that an arrival waits in an M/M/c queue with `offered` Erlangs of load."""
-    if offered <= 0:
-        return 0.0
-    if offered >= servers:
-        return 1.0
-    term = total = 1.0
-    for k in range(1, servers):
-        term *= offered / k
-        total += term
-    last = term * offered / servers / (1.0 - offered / servers)
-    return last / (total + last)
-
-
-def erlang_c_array(servers: int, offered: np.ndarray) -> np.ndarray:
-    """`erlang_c` over an array of offered loads (Erlang B's recursion, then B → C)."""
+def erlang_c(servers: int, offered: float | np.ndarray) -> np.ndarray:
+    """The probability that an arrival waits in an M/M/c queue with `offered` Erlangs of load, for
+    each of an array of loads (Erlang B's recursion, then B → C)."""
     offered = np.asarray(offered, dtype=float)
     blocking = np.ones_like(offered)
     for k in range(1, servers + 1):

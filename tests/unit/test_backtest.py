@@ -167,6 +167,7 @@ def test_erlang_c_matches_known_values() -> None:
     assert fluid.erlang_c(1, 0.5) == pytest.approx(0.5)
     assert fluid.erlang_c(2, 1.0) == pytest.approx(1 / 3)
     assert fluid.erlang_c(3, 3.5) == 1.0
+    assert fluid.erlang_c(2, np.array([0.0, 1.0, 2.5])) == pytest.approx([0.0, 1 / 3, 1.0])
 
 
 def test_fluid_and_per_request_agree_on_a_poisson_load() -> None:
