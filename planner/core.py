@@ -15,11 +15,22 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
+from scipy import stats
+
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import predict, sizing
+from fleetpilot.planner import predict, reactive, sizing
 
 HISTORY_LIMIT = 14 * 24 * 6  # two weeks of 10-minute intervals is all any predictor looks at
+# The profile's corrections are the median of the last intervals' estimates: one interval's latencies
+# say as much about a transient (a burst, a backlog draining) as about the profile, which the fast
+# path answers; a correction learns what persists.
+CALIBRATION_INTERVALS = 10
+# Prefill busy shares above this say the replicas were saturated (a backlog), not how fast they work.
+_SATURATED = 0.9
+# Below this modelled utilisation the busy share is too small to measure a speed from.
+_TOO_IDLE = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +44,17 @@ class Observation:
     ttft_s: float | None = None
     itl_s: float | None = None
     error: str | None = None
+    # TTFT's prefill part at the same percentile: arrival until the prefill worker handed the KV cache
+    # over (queueing and compute). A decode backlog delays the first token too; only this part may
+    # blame prefill. None (an aggregated graph, or a frontend that does not say): TTFT is blamed whole.
+    prefill_s: float | None = None
+    # For calibrating the profile: the share of time the serving prefill replicas spent computing, and
+    # the mean (not percentile) ITL. None where the metrics do not say.
+    prefill_busy: float | None = None
+    itl_mean_s: float | None = None
+    # The arrival rate the SLA percentile's request saw over the trailing `contract.BURST_WINDOW_S`
+    # (request-weighted): how bursty the interval was at the time scale prefill must serve.
+    burst_rate_rps: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -55,8 +77,9 @@ class GraphPlanConfig:
     gpu_budget: int | None = None
     startup_s: float = 120.0
     hold_s: float = 300.0
-    max_step_down: int = 1
+    max_step_down: int | None = None  # None: down to the highest target of the hold, as the HPA does
     headroom: float = 0.1
+    reactive_period_s: float | None = 5.0  # how often the fast path runs between intervals; None: never
 
     @property
     def disaggregated(self) -> bool:
@@ -95,6 +118,8 @@ class GraphMemory:
     osls: tuple[float, ...] = ()
     scale_down: sizing.ScaleDownState = dataclasses.field(default_factory=sizing.ScaleDownState)
     forecast_for_now: float | None = None  # last interval's forecast of this interval's rate
+    calibration: tuple[sizing.Corrections, ...] = ()  # the last intervals' estimates (NaN: not measured)
+    bursts: tuple[float, ...] = ()  # the last intervals' `burstiness` (≥ 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,23 +150,80 @@ def _recent_mean(series: tuple[float, ...], k: int = 6) -> float:
     return sum(tail) / len(tail) if tail else 0.0
 
 
-def _corrections(
+def _nan_unless(value: float | None) -> float:
+    return value if value is not None and math.isfinite(value) else math.nan
+
+
+def interval_corrections(
     config: GraphPlanConfig, capacity: capacities.CapacityModel, observation: Observation,
     serving: Mapping[sizing.Pool, int],
 ) -> sizing.Corrections:
-    """Observed over expected latency at the load each serving (ready) replica actually carried."""
-    if not observation.rate_rps or observation.isl is None or observation.osl is None:
-        return sizing.Corrections()
+    """What one interval says about the profile, at the load each serving (ready) replica carried.
+
+    Speed: prefill from the busy share against the utilisation the profile predicts at that load;
+    decode from the mean ITL against the profile's at the sequences each replica held (Little's law).
+    Offset: what the latency at the SLA percentile still exceeds the profile's, once slowed by the
+    speed factor. NaN wherever the interval cannot say (no traffic, a saturated pool, a metric missing).
+    """
+    unknown = sizing.Corrections(math.nan, math.nan, math.nan, math.nan)
+    if not observation.rate_rps or not observation.isl or not observation.osl:
+        return unknown
+    isl, osl = observation.isl, observation.osl
     prefill_pool: sizing.Pool = "prefill" if config.disaggregated else "aggregated"
     decode_pool: sizing.Pool = "decode" if config.disaggregated else "aggregated"
     prefill_rate = observation.rate_rps / max(serving.get(prefill_pool, 1), 1)
     decode_rate = observation.rate_rps / max(serving.get(decode_pool, 1), 1)
-    expected_ttft = capacity.expected_ttft_s(observation.isl, prefill_rate, percentile=config.sla.percentile)
-    expected_itl = capacity.expected_itl_s(observation.isl, observation.osl, decode_rate)
-    return sizing.Corrections(
-        prefill=sizing.correction(observation.ttft_s, expected_ttft if math.isfinite(expected_ttft) else None),
-        decode=sizing.correction(observation.itl_s, expected_itl if math.isfinite(expected_itl) else None),
-    )
+
+    modelled_busy = prefill_rate * capacity.prefill_service_s(isl).value
+    busy = observation.prefill_busy
+    measurable = busy is not None and busy < _SATURATED and modelled_busy >= _TOO_IDLE
+    prefill_speed = busy / modelled_busy if measurable and busy is not None else math.nan
+    slowdown = prefill_speed if math.isfinite(prefill_speed) else 1.0
+    slowdown = sizing.clamp_correction(slowdown)
+    expected_ttft = slowdown * capacity.expected_ttft_s(isl, prefill_rate * slowdown, percentile=config.sla.percentile)
+    prefill_part = observation.prefill_s if observation.prefill_s is not None else observation.ttft_s
+    prefill_offset = _nan_unless(prefill_part) - expected_ttft if math.isfinite(expected_ttft) else math.nan
+
+    context = isl + osl / 2.0
+    if observation.itl_mean_s is not None and observation.itl_mean_s > 0:
+        sequences = decode_rate * osl * observation.itl_mean_s  # Little's law, per replica
+        modelled_itl = capacity.itl_s(max(sequences, 1.0), context).value
+        decode_speed = observation.itl_mean_s / modelled_itl
+        expected_itl = sizing.clamp_correction(decode_speed) * modelled_itl
+    else:
+        decode_speed = math.nan
+        expected_itl = capacity.expected_itl_s(isl, osl, decode_rate)
+    decode_offset = _nan_unless(observation.itl_s) - expected_itl if math.isfinite(expected_itl) else math.nan
+    return sizing.Corrections(prefill_speed, decode_speed, prefill_offset, decode_offset)
+
+
+def _median(values: tuple[float, ...] | list[float], default: float) -> float:
+    """The median of the finite values, or `default` when there are none."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    if not finite:
+        return default
+    middle = len(finite) // 2
+    return finite[middle] if len(finite) % 2 else (finite[middle - 1] + finite[middle]) / 2.0
+
+
+def burstiness(burst_rate_rps: float, rate_rps: float, *, percentile: float) -> float:
+    """How much faster than Poisson arrivals at `rate_rps` the percentile's request saw them arrive.
+
+    The burst rate is request-weighted over `contract.BURST_WINDOW_S`; Poisson arrivals at the mean
+    rate already show their percentile over such windows above the mean, and the capacity model's
+    queue prices that, so only the excess over it is a burst (≥ 1).
+    """
+    window = contract.BURST_WINDOW_S
+    poisson = float(stats.poisson.ppf(percentile / 100.0, rate_rps * window)) / window
+    return max(1.0, burst_rate_rps / poisson) if poisson > 0 else 1.0
+
+
+def calibrated(estimates: tuple[sizing.Corrections, ...]) -> sizing.Corrections:
+    """The corrections to size with: per field, the median of the estimates that measured it."""
+    def median(field: str, default: float) -> float:
+        return _median([getattr(e, field) for e in estimates], default)
+    return sizing.Corrections(median("prefill", 1.0), median("decode", 1.0),
+                              median("prefill_offset_s", 0.0), median("decode_offset_s", 0.0))
 
 
 def min_gpus(config: GraphPlanConfig) -> int:
@@ -192,8 +274,14 @@ def plan_interval(
         memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s)
     peak_rate = max(max(forecast.mean), 0.0)
     isl, osl = _recent_mean(memory.isls), _recent_mean(memory.osls)
-    load = sizing.Load(rate_rps=peak_rate, isl=max(isl, 1.0), osl=max(osl, 1.0))
-    corrections = _corrections(config, capacity, observation, ready if ready is not None else current)
+    if observation.burst_rate_rps is not None and rate > 0:
+        excess = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
+        memory = dataclasses.replace(memory, bursts=(*memory.bursts, excess)[-CALIBRATION_INTERVALS:])
+    burst = _median(memory.bursts, 1.0)
+    load = sizing.Load(rate_rps=peak_rate, isl=max(isl, 1.0), osl=max(osl, 1.0), burst=burst)
+    estimate = interval_corrections(config, capacity, observation, ready if ready is not None else current)
+    memory = dataclasses.replace(memory, calibration=(*memory.calibration, estimate)[-CALIBRATION_INTERVALS:])
+    corrections = calibrated(memory.calibration)
     if config.disaggregated:
         desired = sizing.size(load, capacity, config.sla, corrections, headroom=config.headroom)
     else:
@@ -215,3 +303,46 @@ def plan_interval(
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast)
+
+
+def react(
+    config: GraphPlanConfig,
+    gauges: reactive.Gauges,
+    memory: GraphMemory,
+    *,
+    floor: Mapping[sizing.Pool, int],
+    capacity: capacities.CapacityModel,
+    isl: float | None = None,
+    osl: float | None = None,
+) -> reactive.Reaction:
+    """The fast path between two intervals (pure): `reactive.react` with the graph's targets and bounds.
+
+    `floor` is the last interval's decision; lengths default to the recent intervals' means. An
+    aggregated graph has no prefill/decode split to blame: the fast path leaves it alone.
+    """
+    if not config.disaggregated:
+        return reactive.Reaction(dict(floor), ["aggregated graph: no fast path"], False)
+    bounds = {pool: (bound.min_replicas, bound.max_replicas) for pool, bound in config.bounds.items()}
+    reaction = reactive.react(
+        gauges, capacity,
+        isl=isl if isl else _recent_mean(memory.isls), osl=osl if osl else _recent_mean(memory.osls),
+        ttft_target_s=config.sla.ttft_ms / 1e3, itl_target_s=config.sla.itl_ms / 1e3, floor=floor, bounds=bounds,
+    )
+    if config.gpu_budget is None or not reaction.changed:
+        return reaction
+    # Within the GPU budget the last interval was granted: take back the newest additions first.
+    replicas = dict(reaction.replicas)
+    before = {pool: min(bounds[pool][1], max(floor[pool], gauges.active.get(pool, 0), bounds[pool][0]))
+              for pool in replicas}
+
+    def gpus() -> int:
+        return sum(n * config.gpus_per_replica[pool] for pool, n in replicas.items())
+
+    while gpus() > config.gpu_budget:
+        added = [pool for pool in replicas if replicas[pool] > before[pool]]
+        if not added:
+            break
+        replicas[max(added, key=lambda pool: replicas[pool] - before[pool])] -= 1
+    if replicas == before:
+        return reactive.Reaction(before, [*reaction.reasons, f"GPU budget {config.gpu_budget}: no room to add"], False)
+    return reactive.Reaction(replicas, [*reaction.reasons, f"within GPU budget {config.gpu_budget}"], True)

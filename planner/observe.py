@@ -1,7 +1,8 @@
 """Step 1 of the planner: observe a graph's load and latency in Prometheus.
 
 Reads only the frontend's metric contract (DESIGN.md): offered request rate, mean ISL and OSL, and
-TTFT and ITL at the SLA percentile through `histogram_quantile`. Prometheus adds the graph and
+TTFT, ITL and TTFT's prefill part at the SLA percentile through `histogram_quantile` (the prefill part
+is absent for an aggregated graph: the planner then blames TTFT whole). Prometheus adds the graph and
 namespace labels from the pods' labels at scrape time. An answer that is empty, NaN or older than
 the interval is "no data": the planner then holds, it never decides from nothing.
 """
@@ -44,6 +45,7 @@ def queries(*, namespace: str, graph: str, window_s: int, percentile: float, lab
         "osl": mean("fleetpilot_frontend_output_tokens"),
         "ttft_s": quantile("fleetpilot_frontend_time_to_first_token_seconds"),
         "itl_s": quantile("fleetpilot_frontend_inter_token_latency_seconds"),
+        "prefill_s": quantile("fleetpilot_frontend_prefill_seconds"),
     }
 
 
@@ -68,7 +70,7 @@ class PrometheusObserver:
         if values["rate_rps"] is None:
             return Observation(time=now, error=f"no fleetpilot_frontend_* series for {namespace}/{graph} in Prometheus")
         return Observation(time=now, rate_rps=values["rate_rps"], isl=values["isl"], osl=values["osl"],
-                           ttft_s=values["ttft_s"], itl_s=values["itl_s"])
+                           ttft_s=values["ttft_s"], itl_s=values["itl_s"], prefill_s=values["prefill_s"])
 
     def _scalar(self, promql: str, *, now: float, max_age_s: float) -> float | None:
         result = self._prometheus.custom_query(promql, params={"timeout": f"{self.timeout_s:g}s"})

@@ -27,14 +27,16 @@ from fleetpilot.planner import capacity as capacities
 Pool = Literal["prefill", "decode", "aggregated"]
 POOLS: tuple[Pool, ...] = ("prefill", "decode", "aggregated")
 
-# Observed/expected latency ratios outside this range say the profile is wrong (or the fleet is in a
-# transient: a backlog draining, replicas still warming up), not that capacity is off by that much.
-# Unclamped, a latency spike from a backlog would order several times the replicas the load needs, and
-# the next interval's correction would swing back: the clamp keeps the loop stable. Below 1 is allowed
-# (down to half) so that a fleet doing better than its profile (prefix-cache hits, a faster engine
-# release) gives GPUs back; Dynamo's documented planner never lets its prefill correction go below 1.
+# Speed factors outside this range say the fleet is in a transient (a backlog draining, replicas still
+# warming up) more than that the profile is off by that much: the clamp keeps the loop stable. Below 1
+# is allowed (down to half) so that a fleet doing better than its profile (prefix-cache hits, a faster
+# engine release) gives GPUs back; Dynamo's documented planner never lets its prefill correction go
+# below 1.
 CORRECTION_MIN = 0.5
 CORRECTION_MAX = 3.0
+# A latency offset (latency the profile does not model at all) is credited up to this share of the
+# target: past it, sizing would chase a latency no replica count removes.
+OFFSET_MAX_SHARE = 0.5
 
 # Rounding guard: 12.0 / 4.0 * 1.0000000000000002 must ask for 3 replicas, not 4.
 _EPSILON = 1e-9
@@ -42,32 +44,52 @@ _EPSILON = 1e-9
 
 @dataclasses.dataclass(frozen=True)
 class Load:
-    """What the pools must serve next interval: request rate and mean input/output lengths."""
+    """What the pools must serve next interval: request rate and mean input/output lengths.
+
+    `burst`: how much faster than `rate_rps` requests arrive over a few seconds, as the SLA
+    percentile's request sees it (1: as steady as Poisson at that rate). Prefill serves a burst at its
+    rate: a prompt queued behind seconds of one waits past any TTFT target. Decode spreads each
+    request over its whole generation (seconds to minutes), so a burst reaches it as the mean rate.
+    """
 
     rate_rps: float
     isl: float
     osl: float
+    burst: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("rate_rps", "isl", "osl"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"Load.{name} must be a finite number ≥ 0, got {value}")
+        if not (self.burst >= 1.0 and math.isfinite(self.burst)):
+            raise ValueError(f"Load.burst must be a finite number ≥ 1, got {self.burst}")
+
+    @property
+    def prefill_rate_rps(self) -> float:
+        return self.rate_rps * self.burst
 
 
 @dataclasses.dataclass(frozen=True)
 class Corrections:
-    """Observed / expected latency per phase: above 1 the fleet is slower than the profile predicts.
+    """How the fleet differs from its profile, per phase: a speed factor and a latency offset.
 
-    "Expected" must be the capacity model's latency at the load each replica actually had
-    (`CapacityModel.expected_ttft_s` / `expected_itl_s` at observed rate ÷ ready replicas), so the
-    ratio measures the profile's error, not the load; `correction` builds one from the two latencies.
-    `size` multiplies each pool's need by its factor after clamping it to [CORRECTION_MIN,
-    CORRECTION_MAX].
+    `prefill` / `decode`: the fleet's time per unit of work over the profile's (above 1: slower); a
+    replica then does 1/factor of the profile's work, and its latency is the factor times the
+    profile's. `prefill_offset_s` / `decode_offset_s`: latency at the SLA percentile the profile does
+    not model at all (HTTP and tokenising, the KV transfer, the long prompts of the length mix), which
+    no replica count removes: it comes off the target before the profile is asked. `size` clamps the
+    factors to [CORRECTION_MIN, CORRECTION_MAX] and the offsets to [0, OFFSET_MAX_SHARE × target].
+
+    (Wave 1 multiplied each pool's need by observed ÷ expected latency. A constant offset made that
+    ratio 2-3 at loads far from the target, and the planner kept two to three times the prefill
+    replicas the trace needed while TTFT sat at a third of its target.)
     """
 
     prefill: float = 1.0
     decode: float = 1.0
+    prefill_offset_s: float = 0.0
+    decode_offset_s: float = 0.0
 
 
 def correction(observed_s: float | None, expected_s: float | None) -> float:
@@ -140,33 +162,47 @@ class _PhaseNeed:
         return f"{self.reason}{correction_words}{tail}"
 
 
+def _offset_words(name: str, offset: float, target_s: float) -> tuple[float, str]:
+    used = min(max(offset, 0.0), OFFSET_MAX_SHARE * target_s) if math.isfinite(offset) else 0.0
+    return used, (f", {used * 1e3:.0f} ms of {name} latency the profile does not model" if used > 0 else "")
+
+
 def _prefill_need(
-    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float
+    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float, offset_s: float
 ) -> _PhaseNeed:
-    cap = capacity.prefill_capacity(load.isl, sla.ttft_ms / 1e3, percentile=sla.percentile)
+    target = sla.ttft_ms / 1e3
+    offset, offset_words = _offset_words("TTFT", offset_s, target)
+    # The profile at factor × its latency, plus the offset, within the target: ask it for (target − offset) / factor.
+    cap = capacity.prefill_capacity(load.isl, (target - offset) / factor, percentile=sla.percentile)
     if cap.target_met:
-        per_replica, how = cap.rate_rps, f"{cap.rate_rps:.3g} req/s per replica"
+        per_replica, how = cap.rate_rps / factor, f"{cap.rate_rps / factor:.3g} req/s per replica{offset_words}"
     else:
-        per_replica = cap.best_effort_rps
-        how = f"{cap.reason}; sized so p{sla.percentile:g} requests never queue ({per_replica:.3g} req/s per replica)"
-    return _PhaseNeed(load.rate_rps * factor / per_replica, how, cap.extrapolated)
+        per_replica = cap.best_effort_rps / factor
+        how = (f"{cap.reason}{offset_words}; sized so p{sla.percentile:g} requests never queue "
+               f"({per_replica:.3g} req/s per replica)")
+    if load.burst > 1.0:
+        how += f", for bursts at {load.burst:.2f}× the rate"
+    return _PhaseNeed(load.prefill_rate_rps / per_replica, how, cap.extrapolated)
 
 
 def _decode_need(
-    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float
+    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float, offset_s: float
 ) -> _PhaseNeed:
-    cap = capacity.decode_capacity(load.isl, load.osl, sla.itl_ms / 1e3)
+    target = sla.itl_ms / 1e3
+    offset, offset_words = _offset_words("ITL", offset_s, target)
+    cap = capacity.decode_capacity(load.isl, load.osl, (target - offset) / factor)
     if cap.target_met:
-        per_replica = cap.rate_rps
-        how = f"{per_replica:.3g} req/s per replica at concurrency {cap.concurrency:.1f}"
+        per_replica = cap.rate_rps / factor
+        how = f"{per_replica:.3g} req/s per replica at concurrency {cap.concurrency:.1f}{offset_words}"
     elif cap.best_effort_rps > 0:
-        per_replica = cap.best_effort_rps
-        how = f"{cap.reason}; sized for the lowest ITL the profile knows ({per_replica:.3g} req/s per replica)"
+        per_replica = cap.best_effort_rps / factor
+        how = (f"{cap.reason}{offset_words}; sized for the lowest ITL the profile knows "
+               f"({per_replica:.3g} req/s per replica)")
     else:
         # Nothing the profile knows serves this context (it does not fit one replica's KV cache):
         # more replicas cannot help, so ask for one and say why.
         return _PhaseNeed(1.0, f"{cap.reason}; no replica count helps")
-    return _PhaseNeed(load.rate_rps * factor / per_replica, how, cap.extrapolated)
+    return _PhaseNeed(load.rate_rps / per_replica, how, cap.extrapolated)
 
 
 def _factor_words(name: str, raw: float) -> tuple[float, str]:
@@ -188,9 +224,11 @@ def size(
 ) -> Desired:
     """Replicas of a disaggregated graph's prefill and decode pools for `load`.
 
-    Each pool needs ceil(rate × correction / (per-replica rate × (1 − headroom))) replicas, at least 1
-    when there is any load: prefill from the requests/s one replica sustains within the TTFT target
-    at the SLA percentile, decode from the requests/s that keep ITL under target at the mean context.
+    Each pool needs ceil(rate / (per-replica rate × (1 − headroom))) replicas, at least 1 when there
+    is any load: prefill from the requests/s one replica sustains within the TTFT target at the SLA
+    percentile, decode from the requests/s that keep ITL under target at the mean context, each read
+    off the profile as the corrections say the fleet differs from it (at (target − offset) / factor,
+    then divided by the factor).
     `headroom` is the share of each replica's SLA-safe rate kept free for forecast error and bursts.
     `decode_capacity` is the decode pool's own model when it runs another parallelism than prefill.
     When a target is out of reach whatever the replica count, the pool is sized for the best latency
@@ -203,8 +241,8 @@ def size(
     spare = 1.0 - headroom
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
-    prefill = _prefill_need(load, capacity, sla, p_factor)
-    decode = _decode_need(load, decode_model, sla, d_factor)
+    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s)
+    decode = _decode_need(load, decode_model, sla, d_factor, corrections.decode_offset_s)
     p_replicas = _replicas_for(prefill.replicas / spare)
     d_replicas = _replicas_for(decode.replicas / spare)
     room = f" with {headroom:.0%} headroom" if headroom else ""
@@ -236,8 +274,8 @@ def size_aggregated(
         return Desired({"aggregated": 0}, "no load predicted: no replicas needed beyond the minimum")
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
-    prefill = _prefill_need(load, capacity, sla, p_factor)
-    decode = _decode_need(load, capacity, sla, d_factor)
+    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s)
+    decode = _decode_need(load, capacity, sla, d_factor, corrections.decode_offset_s)
     replicas = _replicas_for((prefill.replicas + decode.replicas) / (1.0 - headroom))
     room = f" with {headroom:.0%} headroom" if headroom else ""
     reason = (
@@ -261,6 +299,9 @@ class ScaleDownState:
     """
 
     waiting_since: Mapping[Pool, float] = dataclasses.field(default_factory=dict)
+    # The highest target seen while waiting: where the pool lands when the hold ends (as the HPA's
+    # scale-down stabilisation window lands on the highest recommendation within it).
+    waiting_peak: Mapping[Pool, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +327,7 @@ def constrain(
     state: ScaleDownState,
     now: float,
     hold_seconds: float,
-    max_step_down: int = 1,
+    max_step_down: int | None = None,
     max_step_up: int | None = None,
     data_ok: bool = True,
     data_note: str = "",
@@ -299,9 +340,10 @@ def constrain(
        pending scale-downs restart their wait (nobody saw the load stay low meanwhile).
     2. The target is the desired count clamped to the pool's [min, max].
     3. Above current: scale up now, by at most `max_step_up` replicas when set.
-    4. Below current: only once the target has stayed below current for `hold_seconds`, and then by at
-       most `max_step_down` replicas; the wait restarts after each step, so a pool takes at most one
-       step per hold period.
+    4. Below current: only once the target has stayed below current for `hold_seconds`, and then to the
+       highest target seen during that wait (the HPA's stabilisation window), by at most
+       `max_step_down` replicas when set; the wait restarts after each step, so a pool takes at most
+       one step per hold period.
     5. Bounds are not subject to hysteresis or step limits: a pool outside [min, max] (the bounds
        changed) goes to the nearest bound now.
     6. GPU budget: while the pools need more than `gpu_budget` GPUs, take one replica from the pool
@@ -313,7 +355,7 @@ def constrain(
         missing = [pool for pool in pools if pool not in keys]
         if missing:
             raise ValueError(f"{name} has no entry for pool(s) {missing}")
-    if hold_seconds < 0 or max_step_down < 1 or (max_step_up is not None and max_step_up < 1):
+    if hold_seconds < 0 or any(step is not None and step < 1 for step in (max_step_down, max_step_up)):
         raise ValueError("hold_seconds must be ≥ 0, max_step_down and max_step_up (when set) ≥ 1")
 
     if not data_ok:
@@ -328,6 +370,7 @@ def constrain(
     replicas: dict[Pool, int] = {}
     targets: dict[Pool, int] = {}
     waiting: dict[Pool, float] = {}
+    peaks: dict[Pool, int] = {}
     reasons: list[str] = []
     for pool in pools:
         low, high = bounds[pool].min_replicas, bounds[pool].max_replicas
@@ -343,15 +386,19 @@ def constrain(
             reasons.append(f"{pool}: scale up {now_n} → {new}{limited}")
         elif target < now_n:
             since = state.waiting_since.get(pool, now)
+            peak = max(target, state.waiting_peak.get(pool, target)) if pool in state.waiting_since else target
             waited = now - since
             if waited >= hold_seconds:
-                new = max(target, now_n - max_step_down)
-                limited = f" (step limit {max_step_down}, target {target})" if new > target else ""
-                reasons.append(f"{pool}: scale down {now_n} → {new} after {waited:.0f} s below{limited}")
+                new = peak if max_step_down is None else max(peak, now_n - max_step_down)
+                limited = f" (step limit {max_step_down}, target {target})" if new > peak else ""
+                highest = f" (highest target of the wait {peak})" if peak > target else ""
+                reasons.append(f"{pool}: scale down {now_n} → {new} after {waited:.0f} s below{highest}{limited}")
                 if new > target:
                     waiting[pool] = now  # the next step waits a full hold period again
+                    peaks[pool] = target
             else:
                 waiting[pool] = since
+                peaks[pool] = peak
                 reasons.append(
                     f"{pool}: target {target} below current {now_n} for {waited:.0f} s of the "
                     f"{hold_seconds:.0f} s hold: keeping {now_n}"
@@ -361,6 +408,7 @@ def constrain(
             reasons.append(f"{pool}: {new} lies outside [{low}, {high}]: set to {bound} now (bounds skip hysteresis)")
             new = bound
             waiting.pop(pool, None)
+            peaks.pop(pool, None)
         replicas[pool] = new
 
     if gpu_budget is not None:
@@ -368,7 +416,7 @@ def constrain(
 
     if not reasons:
         reasons.append("no change: " + ", ".join(f"{pool} {replicas[pool]}" for pool in pools))
-    return Decision(replicas, reasons, ScaleDownState(waiting))
+    return Decision(replicas, reasons, ScaleDownState(waiting, peaks))
 
 
 def _fit_budget(

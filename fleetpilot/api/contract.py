@@ -29,6 +29,14 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 PART_OF = "fleetpilot"
 
+# -- metrics -----------------------------------------------------------------------------------------
+
+#: The frontend measures each request's arrival burst as the requests that arrived in the trailing
+#: window this long, per second; the planner sizes prefill for its SLA percentile. Seconds: longer
+#: than any TTFT target people set (0.2-2 s), so a burst this long cannot be queued through, and
+#: short enough to see the bursts of a minute's traffic.
+BURST_WINDOW_S = 5.0
+
 # -- annotations -----------------------------------------------------------------------------------
 
 #: A digest of the manifest the operator last applied to a child: a child whose digest and fields

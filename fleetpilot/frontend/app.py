@@ -82,6 +82,7 @@ class Tracker:
     """Timing of one request as the frontend sees it."""
 
     started: float = field(default_factory=time.monotonic)
+    prefilled: float | None = None  # disaggregated: when the prefill worker handed the KV cache over
     first_token: float | None = None
     last_token: float | None = None
     tokens: int = 0
@@ -252,6 +253,8 @@ class Frontend:
         self.metrics.duration.labels(model).observe(time.monotonic() - tracker.started)
         if tracker.first_token is not None:
             self.metrics.ttft.labels(model).observe(tracker.first_token - tracker.started)
+        if tracker.prefilled is not None:
+            self.metrics.prefill.labels(model).observe(tracker.prefilled - tracker.started)
         itl = tracker.mean_itl()
         if itl is not None:
             self.metrics.itl.labels(model).observe(itl)
@@ -263,6 +266,7 @@ class Frontend:
         blocks = routing.block_hashes(prompt_text(body))
         if self.mode == "disaggregated":
             body = dict(body, kv_transfer_params=await self._prefill(path, body, blocks))
+            tracker.prefilled = time.monotonic()
         async for chunk in self._stream(path, body, blocks, tracker):
             yield chunk
 

@@ -27,6 +27,11 @@ class FrontendMetrics:
         self.inflight = Gauge("fleetpilot_frontend_inflight_requests", "Requests being served.", ["model"], registry=r)
         self.ttft = Histogram("fleetpilot_frontend_time_to_first_token_seconds", "Time to first token, per request.",
                               ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill = Histogram(
+            "fleetpilot_frontend_prefill_seconds",
+            "Disaggregated graphs: from request received until the prefill worker handed the KV cache over "
+            "(queueing and prompt compute): TTFT's part that prefill answers for; the rest is KV transfer "
+            "and waiting for a decode slot.", ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("fleetpilot_frontend_inter_token_latency_seconds",
                              "One observation per request: its mean inter-token latency.",
                              ["model"], buckets=LATENCY_BUCKETS, registry=r)

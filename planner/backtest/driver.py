@@ -138,6 +138,9 @@ class Timeline:
     ready: Mapping[FleetPool, np.ndarray]
     ttft_p: np.ndarray
     itl_p: np.ndarray
+    # Every change of the fleet's targets, when it was made (decisions and fast-loop reactions alike),
+    # so that another fleet model can replay the very same fleet.
+    changes: tuple[tuple[float, Mapping[FleetPool, int]], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,17 +185,17 @@ class _Loop:
         self.ready: dict[FleetPool, list[int]] = {pool: [] for pool in FLEET_POOLS}
         self.actions = 0
         self.targets = policy.initial()
+        self.changes: list[tuple[float, Mapping[FleetPool, int]]] = [(0.0, dict(self.targets))]
 
-    def step(self, now: float) -> None:
-        self._react_until(now)
+    def step(self, now: float, *, reacted: bool = False) -> None:
+        """Decide at `now`, after the fast loop's ticks since the last decision (unless `reacted`:
+        the caller has run them, with what they were allowed then)."""
+        if not reacted:
+            self.react_until(now)
         self.fleet.run_until(now)
         stats = self.fleet.window(now - self.interval_s, now, percentile=self.sla.percentile)
         decision = self.policy.decide(stats, now)
-        for pool in FLEET_POOLS:
-            if decision[pool] != self.targets[pool]:
-                self.actions += 1
-                self.fleet.set_target(pool, decision[pool])
-        self.targets = decision
+        self._apply(decision, now)
         forecast = self.policy.forecast()
         self.rows["time"].append(now)
         self.rows["rate"].append(stats.rate_rps)
@@ -203,7 +206,7 @@ class _Loop:
             self.active[pool].append(stats.active[pool])
             self.ready[pool].append(stats.ready[pool])
 
-    def _react_until(self, now: float) -> None:
+    def react_until(self, now: float) -> None:
         """The policy's fast loop between the last decision and this one, if it has one.
 
         It runs no finer than the fleet model tells time apart (the fluid model's step).
@@ -217,12 +220,17 @@ class _Loop:
             self.fleet.run_until(tick)
             reaction = self.policy.react(self.fleet.window(tick - period, tick, percentile=self.sla.percentile), tick)
             if reaction is not None:
-                for pool in FLEET_POOLS:
-                    if reaction[pool] != self.targets[pool]:
-                        self.actions += 1
-                        self.fleet.set_target(pool, reaction[pool])
-                self.targets = dict(reaction)
+                self._apply(reaction, tick)
             tick += period
+
+    def _apply(self, targets: Mapping[FleetPool, int], now: float) -> None:
+        if any(targets[pool] != self.targets[pool] for pool in FLEET_POOLS):
+            self.changes.append((now, dict(targets)))
+        for pool in FLEET_POOLS:
+            if targets[pool] != self.targets[pool]:
+                self.actions += 1
+                self.fleet.set_target(pool, targets[pool])
+        self.targets = dict(targets)
 
     def result(self, steps: int, window_s: float | None) -> RunResult:
         gpu_hours = self.fleet.gpu_seconds(steps * self.interval_s) / 3600.0
@@ -238,7 +246,7 @@ class _Loop:
                 time=np.array(rows["time"]), rate=np.array(rows["rate"]), forecast=np.array(rows["forecast"]),
                 active={pool: np.array(v) for pool, v in self.active.items()},
                 ready={pool: np.array(v) for pool, v in self.ready.items()},
-                ttft_p=np.array(rows["ttft_p"]), itl_p=np.array(rows["itl_p"]),
+                ttft_p=np.array(rows["ttft_p"]), itl_p=np.array(rows["itl_p"]), changes=tuple(self.changes),
             ),
         )
 
@@ -313,8 +321,9 @@ def run_shared(graphs: Sequence[SharedGraph], *, budget: int, duration_s: float,
         for graph in ordered:
             min_gpus = graph.policy.min_gpus()
             grant = ledger.grant(SHARED, graph=graph.name, priority=graph.priority, min_gpus=min_gpus)
+            loops[graph.name].react_until(k * interval_s)  # within the last interval's grant
             graph.policy.cap(grant.gpus)
-            loops[graph.name].step(k * interval_s)
+            loops[graph.name].step(k * interval_s, reacted=True)
             want = graph.policy.wanted_gpus()
             if want is not None:
                 ledger.claim(SHARED, budget_mod.BudgetClaim(graph=graph.name, priority=graph.priority,

@@ -254,10 +254,14 @@ def default_timing() -> perfmodel.PerformanceModel:
 # -- running the sweeps ---------------------------------------------------------------------------------
 
 
-def groups(predictors: Sequence[str]) -> list[str]:
-    """The units of work a sweep splits into (each keeps its own forecast memo)."""
+PREDICTIVE_ONLY = "-predictive"  # a fleetpilot group with this suffix runs without the fast path
+
+
+def groups(predictors: Sequence[str], *, predictive_only: Sequence[str] = ()) -> list[str]:
+    """The units of work a sweep splits into (each keeps its own forecast memo); `predictive_only`
+    names the predictors also run without the planner's fast path."""
     return ["static-peak", "static-mean", "hpa", "dynamo", "dynamo-v1", *(f"fleetpilot-{p}" for p in predictors),
-            "oracle"]
+            *(f"fleetpilot-{p}{PREDICTIVE_ONLY}" for p in predictive_only), "oracle"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,10 +332,13 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
         values = knobs["dynamo-v1"]
     elif group.startswith("fleetpilot-"):
         name = group.removeprefix("fleetpilot-")
+        fast_path = not name.endswith(PREDICTIVE_ONLY)
+        name = name.removesuffix(PREDICTIVE_ONLY)
         memo = policies.MemoPredictor(predict.make_predictor(name))
         chosen = memo
         def factory(k: float) -> policies.Policy:
-            return policies.Fleetpilot(setting, chosen, predictor_name=name, headroom=k, initial=start)
+            return policies.Fleetpilot(setting, chosen, predictor_name=name, headroom=k, initial=start,
+                                       reactive=fast_path)
         values = knobs["fleetpilot"]
     elif group == "oracle":
         shares: dict[float, Sequence[Mapping[FleetPool, int]]] = {1.0: exact_needs}
@@ -361,10 +368,16 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
     return GroupResult(group, results, seconds, mape)
 
 
+REPLAY_PERIOD_S = 5.0  # the fast loops' period: a replay applies their changes at the same ticks
+
+
 def replay(scenario: Scenario, result: driver.RunResult) -> driver.RunResult:
-    """`result`'s fleet, interval by interval, on `scenario`'s fleet model (one without a fast loop)."""
-    policy = policies.Replay(result.policy, result.knob, result.timeline.active,
-                             interval_s=scenario.setting.interval_s)
+    """`result`'s fleet, change by change, on `scenario`'s fleet model."""
+    interval = scenario.setting.interval_s
+    changes = result.timeline.changes
+    between = any(abs(t / interval - round(t / interval)) > 1e-6 for t, _ in changes)
+    policy = policies.Replay(result.policy, result.knob, changes,
+                             period_s=REPLAY_PERIOD_S if between else None)
     return driver.run(scenario.make_fleet(policy.initial()), policy, duration_s=scenario.duration_s,
                       interval_s=scenario.setting.interval_s, sla=scenario.sla)
 
@@ -379,9 +392,10 @@ def _run_shared(group: str) -> GroupResult:
 
 def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, workers: int = 1,
             knobs: Mapping[str, Sequence[float]] = KNOBS,
-            progress: Callable[[GroupResult], None] | None = None) -> dict[str, GroupResult]:
+            progress: Callable[[GroupResult], None] | None = None,
+            predictive_only: Sequence[str] = ()) -> dict[str, GroupResult]:
     """Every policy group on `scenario`, in `workers` processes (forked: the scenario is shared, not sent)."""
-    names = groups(predictors)
+    names = groups(predictors, predictive_only=predictive_only)
     # Once: every group's starting fleet (sized for every request of the first intervals: a fleet sized
     # for 90% of them leaves a backlog no policy clears before the first 5-minute window ends), and the oracle.
     needs = scenario.needs(1.0)

@@ -44,6 +44,7 @@ from typing import Literal
 import numpy as np
 
 from fleetpilot import perfmodel
+from fleetpilot.api import contract
 from fleetpilot.traces import Request
 
 FleetPool = Literal["prefill", "decode"]
@@ -98,6 +99,12 @@ class WindowStats:
     prefill_queued_tokens: float = 0.0  # prompt tokens not yet prefilled, queued or waiting for a replica
     decode_waiting: float = 0.0  # prefilled requests waiting for a decode slot (KV or batch cap)
     decode_running: float = 0.0  # sequences decoding
+    # TTFT's prefill part at the percentile: arrival until the prompt was prefilled (queueing and compute,
+    # what the frontend's prefill hop takes), of the requests prefilled in the window; None: not known.
+    prefill_p: float | None = None
+    # The arrival rate over the trailing `contract.BURST_WINDOW_S` that the percentile's request saw
+    # (request-weighted); None: not known.
+    burst_rate_p: float | None = None
 
 
 @dataclasses.dataclass
@@ -107,6 +114,7 @@ class _Record:
     arrival: float
     isl: int
     osl: int
+    prefilled: float = math.nan
     first_token: float = math.nan
     finish: float = math.nan
     failed: bool = False
@@ -186,6 +194,7 @@ class FleetSimulator:
         self._pending: dict[FleetPool, deque[int]] = {"prefill": deque(), "decode": deque()}
         # Moments latencies became known, for windowed percentiles: (time, request index).
         self._first_tokens: list[tuple[float, int]] = []
+        self._prefills: list[tuple[float, int]] = []
         self._finishes: list[tuple[float, int]] = []
         self._busy_starts: list[float] = []  # per prefill step, in time order: when it began,
         self._busy_seconds: list[float] = []  # and how long it computed
@@ -265,6 +274,7 @@ class FleetSimulator:
         """What the metrics say about [start, end); call it once the simulation has reached `end`."""
         arrivals = self._arrived_between(start, end)
         ttfts = self._latencies(self._first_tokens, start, end, first_token=True)
+        prefills = self._latencies(self._prefills, start, end, first_token=True, prefill_only=True)
         itls = self._latencies(self._finishes, start, end, first_token=False)
         length = max(end - start, 1e-9)
         ready = {pool: self.ready(pool) for pool in FLEET_POOLS}
@@ -290,6 +300,8 @@ class FleetSimulator:
                 + len(self._pending["decode"])),
             decode_running=float(
                 sum(len(r.running) for r in self.replicas["decode"] if isinstance(r, _Decode) and r.stopped is None)),
+            prefill_p=float(np.percentile(prefills, percentile)) if prefills.size else None,
+            burst_rate_p=self._burst_rate(start, end, percentile),
         )
 
     # -- results --------------------------------------------------------------------------------------
@@ -321,7 +333,8 @@ class FleetSimulator:
         lo, hi = np.searchsorted(self._arrival_times, [start, end], side="left")
         return self.records[int(lo):int(hi)]
 
-    def _latencies(self, log: list[tuple[float, int]], start: float, end: float, *, first_token: bool) -> np.ndarray:
+    def _latencies(self, log: list[tuple[float, int]], start: float, end: float, *, first_token: bool,
+                   prefill_only: bool = False) -> np.ndarray:
         values = []
         for t, index in reversed(log):  # the log is in time order; recent windows are at its end
             if t < start:
@@ -329,11 +342,23 @@ class FleetSimulator:
             if t >= end:
                 continue
             r = self.records[index]
-            if first_token:
+            if prefill_only:
+                values.append(r.prefilled - r.arrival + self.overhead_s)
+            elif first_token:
                 values.append(r.first_token - r.arrival + self.overhead_s)
             elif r.osl > 1:
                 values.append((r.finish - r.first_token) / (r.osl - 1))
         return np.array(values, dtype=float)
+
+    def _burst_rate(self, start: float, end: float, percentile: float) -> float | None:
+        """Each arrival's count of arrivals in the trailing burst window, per second, at the percentile."""
+        lo, hi = np.searchsorted(self._arrival_times, [start, end], side="left")
+        if hi <= lo:
+            return None
+        times = self._arrival_times[int(lo):int(hi)]
+        since = np.searchsorted(self._arrival_times, times - contract.BURST_WINDOW_S, side="right")
+        counts = np.arange(int(lo), int(hi)) - since + 1
+        return float(np.percentile(counts, percentile)) / contract.BURST_WINDOW_S
 
     def _busy_between(self, start: float, end: float) -> float:
         """Prefill replica-seconds spent computing within [start, end): the overlap of every step with it.
@@ -456,6 +481,8 @@ class FleetSimulator:
     def _prefill_step_done(self, replica: _Prefill, done: list[int]) -> None:
         replica.stepping = False
         for index in done:
+            self.records[index].prefilled = self.now
+            self._prefills.append((self.now, index))
             transfer = self.timing.kv_transfer_time(self.records[index].isl, self.config.kv_bandwidth_bytes_per_s)
             self._push(self.now + transfer, _TRANSFERRED, index)
         if replica.queue:

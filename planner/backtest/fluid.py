@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner.backtest import scores
 from fleetpilot.planner.backtest.driver import WindowScores, fewest
@@ -71,6 +72,7 @@ class StepLatency:
     prefill_backlog_s: float  # replica-seconds of prompt work waiting
     decode_backlog_requests: float
     decode_concurrency: float = 0.0  # sequences decoding per ready decode replica
+    prefill: np.ndarray | None = None  # TTFT's prefill part (queueing and compute), one per sampled request
 
 
 class FluidFleet:
@@ -179,8 +181,12 @@ class FluidFleet:
         itl: float | None = None
         ttft_mean: float | None = None
         itl_mean: float | None = None
+        prefill: float | None = None
         if total > 0 and chosen:
             ttft = _weighted_percentile([s.ttft for s in chosen], counts, percentile)
+            parts = [s.prefill for s in chosen]
+            if all(part is not None for part in parts):
+                prefill = _weighted_percentile([p for p in parts if p is not None], counts, percentile)
             itl = _weighted_percentile([s.itl for s in chosen], counts, percentile)
             busy = counts > 0  # a step nobody arrived in weighs nothing, even where its latency is infinite
             ttft_mean = float(np.average([s.ttft.mean() for s, b in zip(chosen, busy, strict=True) if b],
@@ -195,8 +201,25 @@ class FluidFleet:
             decode_kv_usage=float(np.mean([s.kv_usage for s in chosen])) if chosen else 0.0,
             ready={pool: self.ready(pool) for pool in FLEET_POOLS},
             active={pool: self.active(pool) for pool in FLEET_POOLS},
+            prefill_p=prefill, burst_rate_p=self._burst_rate(lo, hi, percentile) if total > 0 else None,
             **self._gauges(chosen[-1] if chosen else None),
         )
+
+    def _burst_rate(self, lo: int, hi: int, percentile: float) -> float | None:
+        """The trailing burst-window rate the percentile's request saw, from the arrivals per sub-step
+        (None for a rate series: Poisson within a step is all the model knows of it)."""
+        per_step = self.sub_arrivals.shape[1]
+        if per_step == 1:
+            return None
+        sub_s = self.step_s / per_step
+        span = max(1, round(contract.BURST_WINDOW_S / sub_s))
+        first = lo * per_step
+        flat = self.sub_arrivals[:hi].ravel()
+        trailing = np.convolve(flat, np.ones(span))[:len(flat)]  # arrivals in the window ending at each sub-step
+        weights, rates = flat[first:], trailing[first:] / (span * sub_s)
+        if weights.sum() <= 0:
+            return None
+        return _weighted_percentile([np.array([rate]) for rate in rates], weights, percentile)
 
     def _gauges(self, last: StepLatency | None) -> dict[str, float]:
         """The queue gauges at the end of a window, from its last step."""
@@ -282,6 +305,7 @@ class FluidFleet:
             ttft=ttft, itl=itl, busy=min(1.0, rho), kv_usage=min(1.0, concurrency * self.context
                                                                   / self.config.kv_capacity_tokens),
             prefill_backlog_s=backlog, decode_backlog_requests=d_backlog, decode_concurrency=concurrency,
+            prefill=self._lone_prefill + wait,
         )
 
     def _prefill_wait(self, shape: np.ndarray, prefill: int, backlog_in: float,

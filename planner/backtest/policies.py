@@ -10,7 +10,7 @@ aggressiveness knob, so that a sweep can draw its cost–attainment curve:
 | `hpa` | Kubernetes' HPA formula on utilisation (prefill busy share, decode KV usage), 300 s down-stabilisation, 10% tolerance | target utilisation |
 | `dynamo` | NVIDIA Dynamo's planner as documented today: a predictive throughput loop every 180 s sets a floor, a load loop every 5 s steps ±1 replica on the engines' queues | load factor on the forecast |
 | `dynamo-v1` | Dynamo's earlier throughput-only planner: mean TTFT/ITL corrections (prefill capped at 1), next-interval forecast, no hold | load factor |
-| `fleetpilot-<predictor>` | the real planner core (`core.plan_interval`) | headroom |
+| `fleetpilot-<predictor>` | the real planner core: `core.plan_interval` every interval, `core.react` every 5 s between (`-predictive`: without it) | headroom |
 | `oracle` | perfect foresight: the fewest replicas per window with which a share of its requests meets the SLA, asked for a startup time ahead | that share |
 
 Pure: no I/O and no clock. The oracle's per-window needs are computed by the caller (it needs the
@@ -19,15 +19,16 @@ fleet model) and handed in as plain numbers.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import core, predict, sizing
+from fleetpilot.planner import core, predict, reactive, sizing
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
 
 Replicas = dict[FleetPool, int]
@@ -398,11 +399,13 @@ class Dynamo(Base):
 
 
 class Fleetpilot(Base):
-    """The planner itself: `core.plan_interval`, the same call the live planner makes."""
+    """The planner itself: `core.plan_interval` every interval and `core.react` between intervals, the
+    calls the live planner makes. `reactive=False` runs the predictive loop alone (the comparison the
+    report makes); the policy is then named `fleetpilot-<predictor>-predictive`."""
 
     def __init__(self, setting: Setting, predictor: predict.Predictor, *, predictor_name: str, headroom: float,
-                 initial: Mapping[FleetPool, int], hold_s: float | None = None) -> None:
-        self.name = f"fleetpilot-{predictor_name}"
+                 initial: Mapping[FleetPool, int], hold_s: float | None = None, reactive: bool = True) -> None:
+        self.name = f"fleetpilot-{predictor_name}" + ("" if reactive else "-predictive")
         self.knob = headroom
         self.predictor = predictor
         self.setting = setting
@@ -414,10 +417,15 @@ class Fleetpilot(Base):
             startup_s=setting.startup_s, hold_s=hold_s if hold_s is not None else 5 * setting.interval_s,
             headroom=headroom,
         )
+        if not reactive:
+            self.config = dataclasses.replace(self.config, reactive_period_s=None)
+        self.reactive_period_s = self.config.reactive_period_s
         self.memory = core.GraphMemory()
         self._initial = setting.clamp(initial)
         self._current: dict[sizing.Pool, int] = dict(self._initial.items())
+        self._floor: dict[sizing.Pool, int] = dict(self._initial.items())
         self.last_plan: core.Plan | None = None
+        self.reactions = 0  # fast-path steps that added replicas
 
     def initial(self) -> Replicas:
         return dict(self._initial)
@@ -425,7 +433,8 @@ class Fleetpilot(Base):
     def decide(self, stats: WindowStats, now: float) -> Replicas:
         observation = core.Observation(
             time=now, rate_rps=stats.rate_rps, isl=stats.isl_mean, osl=stats.osl_mean,
-            ttft_s=stats.ttft_p, itl_s=stats.itl_p,
+            ttft_s=stats.ttft_p, itl_s=stats.itl_p, prefill_s=stats.prefill_p, prefill_busy=stats.prefill_busy,
+            itl_mean_s=stats.itl_mean, burst_rate_rps=stats.burst_rate_p,
         )
         plan, self.memory = core.plan_interval(
             self.config, observation, self.memory, current=self._current, capacity=self.setting.capacity,
@@ -433,6 +442,21 @@ class Fleetpilot(Base):
         )
         self.last_plan = plan
         decision: Replicas = {pool: plan.replicas[pool] for pool in FLEET_POOLS}
+        self._current = dict(decision.items())
+        self._floor = dict(decision.items())
+        return decision
+
+    def react(self, stats: WindowStats, now: float) -> Replicas | None:
+        gauges = reactive.Gauges(
+            prefill_queued_tokens=stats.prefill_queued_tokens, decode_running=stats.decode_running,
+            decode_waiting=stats.decode_waiting, ready=dict(stats.ready.items()), active=dict(stats.active.items()),
+        )
+        reaction = core.react(self.config, gauges, self.memory, floor=self._floor, capacity=self.setting.capacity,
+                              isl=stats.isl_mean, osl=stats.osl_mean)
+        if not reaction.changed:
+            return None
+        self.reactions += 1
+        decision: Replicas = {pool: reaction.replicas[pool] for pool in FLEET_POOLS}
         self._current = dict(decision.items())
         return decision
 
@@ -507,20 +531,34 @@ class Oracle(Base):
 
 
 class Replay(Base):
-    """The fleet another run had, interval by interval: the same decisions on another fleet model, so
-    that two models are compared on one fleet (the fluid model against the per-request simulator)."""
+    """The fleet another run had, change by change: the same decisions (and fast-loop reactions) on
+    another fleet model, so that two models are compared on one fleet (the fluid model against the
+    per-request simulator). `changes` are (time, targets) in time order, the first at 0; a run whose
+    changes fall between intervals is replayed with a fast loop of `period_s`."""
 
-    def __init__(self, name: str, knob: float, active: Mapping[FleetPool, Iterable[int]], *,
-                 interval_s: float) -> None:
-        self.name, self.knob, self.interval_s = name, knob, interval_s
-        self.active = {pool: list(active[pool]) for pool in FLEET_POOLS}
+    def __init__(self, name: str, knob: float, changes: Sequence[tuple[float, Mapping[FleetPool, int]]], *,
+                 period_s: float | None = None) -> None:
+        if not changes:
+            raise ValueError("a replay needs the run's initial targets at least")
+        self.name, self.knob, self.reactive_period_s = name, knob, period_s
+        self.times = [t for t, _ in changes]
+        self.targets = [dict(targets) for _, targets in changes]
+        self._current = self._at(0.0)
 
     def initial(self) -> Replicas:
-        return self._at(0)
+        return self._at(0.0)
 
     def decide(self, stats: WindowStats, now: float) -> Replicas:
-        # Row k was recorded at the k+1-th decision, before it: what that decision asked for is row k+1.
-        return self._at(round(now / self.interval_s))
+        self._current = self._at(now)
+        return dict(self._current)
 
-    def _at(self, row: int) -> Replicas:
-        return {pool: int(values[min(row, len(values) - 1)]) for pool, values in self.active.items()}
+    def react(self, stats: WindowStats, now: float) -> Replicas | None:
+        targets = self._at(now)
+        if targets == self._current:
+            return None
+        self._current = targets
+        return dict(targets)
+
+    def _at(self, now: float) -> Replicas:
+        k = bisect.bisect_right(self.times, now + 1e-9) - 1
+        return {pool: int(self.targets[max(k, 0)][pool]) for pool in FLEET_POOLS}

@@ -258,6 +258,11 @@ def test_replaying_a_minute_of_the_azure_trace_counts_every_request(tmp_path: Pa
     assert counted == len(requests), f"frontend counted {counted} TTFTs for {len(requests)} requests"
     _, output_counted = histogram_quantile(metrics, "fleetpilot_frontend_output_tokens", 0.5)
     assert output_counted == len(requests)
+    # TTFT's prefill part (the first hop), which the planner blames prefill for: every request, and
+    # less than the whole TTFT (KV transfer and the first decode step come after it).
+    prefill_p50, prefilled = histogram_quantile(metrics, "fleetpilot_frontend_prefill_seconds", 0.5)
+    assert prefilled == len(requests)
+    assert 0 < prefill_p50 < frontend_p50
     client_p50 = summary.ttft_ms.p50 / 1000
     measured = f"client p50 {client_p50 * 1000:.1f} ms, frontend p50 {frontend_p50 * 1000:.1f} ms"
     print(f"\nAzure code trace, 60 s at {speedup}x: {len(requests)} requests; TTFT {measured}")

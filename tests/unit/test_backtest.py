@@ -324,10 +324,10 @@ def planned_graph(name: str, priority: int, *, rate: float, seed: int,
 
 
 def test_under_a_binding_shared_budget_the_higher_priority_graph_keeps_its_sla() -> None:
-    """Gold (priority 10, 15 req/s) wants about 3 GPUs, bronze (priority 0, 30 req/s) about 4; the budget of
-    5 holds gold's wants and bronze's minimum. Gold runs as it would alone; bronze is capped and misses."""
+    """Gold (priority 10, 15 req/s) wants 2-3 GPUs, bronze (priority 0, 60 req/s) about 5; the budget of 5
+    holds gold's wants and bronze's minimum. Gold runs as it would alone; bronze is capped and misses."""
     def graphs() -> list[driver.SharedGraph]:
-        return [planned_graph("bronze", 0, rate=30.0, seed=2, initial={"prefill": 3, "decode": 1}),
+        return [planned_graph("bronze", 0, rate=60.0, seed=2, initial={"prefill": 3, "decode": 1}),
                 planned_graph("gold", 10, rate=15.0, seed=1, initial={"prefill": 2, "decode": 1})]
 
     alone = {g.name: driver.run(g.fleet, g.policy, duration_s=600, interval_s=30, sla=SLA) for g in graphs()}

@@ -79,22 +79,45 @@ def test_size_with_headroom_rounds_exact_quotients_down() -> None:
 
 
 def test_corrections_raise_and_lower_replicas() -> None:
-    """Prefill latency 1.5× the profile's: 20 × 1.5 / 5 = 6. Decode 0.5×: 20 × 0.5 / 6.25 = 1.6 → 2."""
+    """A prefill replica 1.5× slower than its profile takes 0.15 s per prompt alone and 1.5× as long in
+    queue: the profile is asked for the target ÷ 1.5 and the rate it gives divided by 1.5, which buys
+    more than 1.5× the replicas (the lone TTFT eats into the queueing slack too). Decode 0.5× faster:
+    the profile at twice the ITL target (its grid's last row), then twice that rate."""
+    ttft_s, itl_s = SLA.ttft_ms / 1e3, SLA.itl_ms / 1e3
     desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=1.5, decode=0.5), headroom=0.0)
-    assert (desired.prefill, desired.decode) == (6, 2)
+    slower = TINY.prefill_rate_per_replica(800, ttft_s / 1.5) / 1.5
+    faster = TINY.decode_rate_per_replica(800, 400, itl_s / 0.5) / 0.5
+    assert (desired.prefill, desired.decode) == (math.ceil(20 / slower), math.ceil(20 / faster))
+    assert desired.prefill > 6 and desired.decode == 2  # 20 / (100 / (400 × 0.030) × 2) = 1.2 → 2
     assert "prefill correction 1.50" in desired.reason
     # Below 1 is honoured for prefill too (fleetpilot's difference from a prefill correction capped at 1).
     lower = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=0.6), headroom=0.0)
-    assert lower.prefill == 3  # 20 × 0.6 / 5 = 2.4 → 3
+    assert lower.prefill < 4  # 4 without the correction
 
 
 def test_corrections_are_clamped() -> None:
-    """10× is clamped to 3×: 20 × 3 / 5 = 12. 0.1× is clamped to 0.5×: 20 × 0.5 / 6.25 = 1.6 → 2."""
-    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=10.0, decode=0.1), headroom=0.0)
-    assert (desired.prefill, desired.decode) == (12, 2)
-    assert "clamped from 10.00" in desired.reason
+    """10× is used as 3×, 0.1× as 0.5×."""
+    clamped = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=10.0, decode=0.1), headroom=0.0)
+    at_bounds = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=3.0, decode=0.5), headroom=0.0)
+    assert dict(clamped.replicas) == dict(at_bounds.replicas)
+    assert "clamped from 10.00" in clamped.reason
     assert sizing.clamp_correction(float("nan")) == 1.0
     assert (sizing.CORRECTION_MIN, sizing.CORRECTION_MAX) == (0.5, 3.0)
+
+
+def test_a_latency_offset_comes_off_the_target_up_to_half_of_it() -> None:
+    """Latency the profile does not model (HTTP, the KV transfer, the long prompts of the mix) leaves
+    less of the target for queueing; it is credited up to half the target, and never below zero."""
+    ttft_s = SLA.ttft_ms / 1e3
+    offset = 0.1 * ttft_s
+    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=offset), headroom=0.0)
+    assert desired.prefill == math.ceil(20 / TINY.prefill_rate_per_replica(800, ttft_s - offset)) > 4
+    assert "ms of TTFT latency the profile does not model" in desired.reason
+    huge = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=10.0), headroom=0.0)
+    half = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=0.5 * ttft_s), headroom=0.0)
+    assert huge.prefill == half.prefill
+    negative = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=-1.0), headroom=0.0)
+    assert negative.prefill == sizing.size(LOAD, TINY, SLA, headroom=0.0).prefill == 4
 
 
 def test_correction_from_latencies() -> None:
@@ -138,7 +161,8 @@ def test_size_aggregated_adds_the_phase_shares() -> None:
     assert desired.aggregated == 8
     assert "4.00" in desired.reason and "3.20" in desired.reason
     corrected = sizing.size_aggregated(LOAD, TINY, SLA, sizing.Corrections(prefill=2.0), headroom=0.0)
-    assert corrected.aggregated == 12  # 8 + 3.2 = 11.2
+    slower = TINY.prefill_rate_per_replica(800, SLA.ttft_ms / 1e3 / 2.0) / 2.0
+    assert corrected.aggregated == math.ceil(20 / slower + 3.2)
 
 
 def test_invalid_inputs_are_refused() -> None:
@@ -451,3 +475,19 @@ def test_hysteresis_over_a_sequence_of_intervals(
             if target == before:
                 assert after == before
         current, state = dict(decision.replicas), decision.state
+
+
+def test_scale_down_lands_on_the_highest_target_of_the_hold_as_the_hpa_does() -> None:
+    """Without a step limit, a pool held at 8 whose targets were 5, 3 and 4 during the 300 s hold goes
+    to 5 (the highest of them) when the hold ends, in one step; then waits a full hold again."""
+    current: dict[sizing.Pool, int] = {"prefill": 8, "decode": 1}
+    state = NO_WAIT
+    seen = []
+    for now, want in ((0.0, 5), (100.0, 3), (200.0, 4), (300.0, 2), (400.0, 2), (600.0, 2)):
+        decision = sizing.constrain(
+            desire(want, 1), current=current, bounds=DISAGG_BOUNDS, gpus_per_replica=GPUS, gpu_budget=None,
+            state=state, now=now, hold_seconds=300.0)
+        current, state = dict(decision.replicas), decision.state
+        seen.append(decision.prefill)
+    assert seen == [8, 8, 8, 5, 5, 2]
+    assert state.waiting_since == {}

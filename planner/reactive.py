@@ -1,0 +1,145 @@
+"""The planner's fast path: between planning intervals, add the replicas a pool is short of now.
+
+The predictive loop sizes each pool once per interval for the load it forecasts a startup ahead; a
+burst nobody forecast breaks the SLA long before the next interval. Every few seconds this loop reads
+what the engines say right now (prompt tokens queued for prefill, sequences decoding and waiting for a
+decode slot) and blames the pool that is actually short:
+
+- **prefill** is short when the next prompt would wait longer than the TTFT target allows: its own
+  compute plus the queued tokens per prefill replica at the profile's prompt throughput;
+- **decode** is short when prefilled requests wait for a decode slot longer than the TTFT target
+  allows (their first token waits on a running sequence finishing), or when the ITL at the sequences
+  each decode replica holds exceeds its target.
+
+A decode backlog inflates TTFT without a single prompt queued, so it never adds prefill: the blame
+the interval's latency percentiles cannot make (both phases land in one TTFT) comes from the gauges.
+
+Bounds: it only adds (scale-down stays with the predictive loop, which holds before it removes), never
+more than half the pool's active replicas in one step, never past the pool's max, and it counts
+replicas still starting as if they served, so one shortage is answered once, not every tick while
+the new replicas start. Its result never goes below the predictive floor. Pure: plain data in and out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+from fleetpilot.planner import capacity as capacities
+from fleetpilot.planner.sizing import Pool
+
+# One step adds at most this share of a pool's active replicas (and at least one): a 4-replica pool
+# grows to 6, a 100-replica pool to 150. Proportional, so no fleet size is special.
+MAX_STEP_SHARE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Gauges:
+    """What the frontend and the engines report right now about one disaggregated graph."""
+
+    prefill_queued_tokens: float  # prompt tokens not yet prefilled, queued at a worker or unrouted
+    decode_running: float  # sequences decoding
+    decode_waiting: float  # prefilled requests waiting for a decode slot (KV cache or batch cap full)
+    ready: Mapping[Pool, int]  # replicas serving
+    active: Mapping[Pool, int]  # replicas asked for: serving or starting
+
+
+@dataclasses.dataclass(frozen=True)
+class Reaction:
+    """Replicas per pool after the fast path, and why; `changed` says whether it added any."""
+
+    replicas: Mapping[Pool, int]
+    reasons: list[str]
+    changed: bool
+
+
+def prefill_wait_s(gauges: Gauges, capacity: capacities.CapacityModel, *, isl: float, replicas: int) -> float:
+    """The next prompt's TTFT from the prefill side: its own compute behind the queue per replica."""
+    if replicas <= 0:
+        return math.inf
+    tokens_per_s = capacity.prefill_tokens_per_s(isl).value
+    return capacity.lone_ttft_s(isl).value + gauges.prefill_queued_tokens / replicas / tokens_per_s
+
+
+def decode_wait_s(gauges: Gauges, capacity: capacities.CapacityModel, *, isl: float, osl: float,
+                  replicas: int) -> float:
+    """How long a request that just joined the decode queue waits for a slot.
+
+    Slots free as running sequences finish: with R sequences per replica, each half-way through its
+    `osl` tokens at the ITL of R sequences, one frees every osl·ITL / (2R) seconds, and the request
+    queues behind the others waiting on its replica.
+    """
+    if gauges.decode_waiting <= 0:
+        return 0.0
+    if replicas <= 0 or gauges.decode_running <= 0:
+        return math.inf
+    running = gauges.decode_running / replicas
+    itl = capacity.itl_s(running, isl + osl / 2.0).value
+    return (gauges.decode_waiting / replicas) * osl * itl / (2.0 * running)
+
+
+def _step(active: int, needed: int, high: int) -> int:
+    """Replicas to run after one bounded step from `active` towards `needed`."""
+    most = active + max(1, math.ceil(active * MAX_STEP_SHARE))
+    return min(high, most, max(needed, active + 1))
+
+
+def react(
+    gauges: Gauges,
+    capacity: capacities.CapacityModel,
+    *,
+    isl: float,
+    osl: float,
+    ttft_target_s: float,
+    itl_target_s: float,
+    floor: Mapping[Pool, int],
+    bounds: Mapping[Pool, tuple[int, int]],
+) -> Reaction:
+    """One tick of the fast path for a disaggregated graph (see the module docstring).
+
+    `floor` is what the predictive loop last decided; `bounds` each pool's (min, max). The result is
+    at least the floor and at least what is active, within the max.
+    """
+    replicas: dict[Pool, int] = {
+        pool: min(bounds[pool][1], max(floor[pool], gauges.active.get(pool, 0), bounds[pool][0]))
+        for pool in ("prefill", "decode")
+    }
+    reasons: list[str] = []
+    changed = False
+    if isl <= 0 or osl <= 0:
+        return Reaction(replicas, ["no request lengths observed yet: nothing to react to"], False)
+
+    counted = replicas["prefill"]  # starting replicas count as serving: one shortage, one answer
+    own = capacity.lone_ttft_s(isl).value
+    wait = prefill_wait_s(gauges, capacity, isl=isl, replicas=counted)
+    slack = ttft_target_s - own
+    if wait > ttft_target_s and slack > 0:
+        tokens_per_s = capacity.prefill_tokens_per_s(isl).value
+        needed = math.ceil(gauges.prefill_queued_tokens / (slack * tokens_per_s) - 1e-9)
+        new = _step(counted, needed, bounds["prefill"][1])
+        if new > counted:
+            reasons.append(
+                f"prefill: next prompt would wait {wait:.2f} s for its first token (target {ttft_target_s:.2f} s) "
+                f"behind {gauges.prefill_queued_tokens:.0f} queued tokens: {counted} → {new}")
+            replicas["prefill"], changed = new, True
+
+    counted = replicas["decode"]
+    serving = max(gauges.ready.get("decode", 0), 1)
+    slot_wait = decode_wait_s(gauges, capacity, isl=isl, osl=osl, replicas=serving)
+    sequences = (gauges.decode_running + gauges.decode_waiting) / serving
+    itl = capacity.itl_s(sequences, isl + osl / 2.0).value
+    short_of_slots = slot_wait > ttft_target_s - own
+    # Replicas that would hold every sequence, running and waiting, as full as the serving ones are.
+    needed = math.ceil(serving * (gauges.decode_running + gauges.decode_waiting)
+                       / max(gauges.decode_running, 1.0) - 1e-9)
+    if (short_of_slots or itl > itl_target_s) and max(needed, serving + 1) > counted:
+        new = _step(counted, needed, bounds["decode"][1])
+        if new > counted:
+            why = (f"{gauges.decode_waiting:.0f} prefilled requests wait {slot_wait:.2f} s for a decode slot"
+                   if short_of_slots else
+                   f"{sequences:.1f} sequences per replica decode at ITL {itl * 1e3:.1f} ms "
+                   f"(target {itl_target_s * 1e3:.1f} ms)")
+            reasons.append(f"decode: {why}: {counted} → {new}")
+            replicas["decode"], changed = new, True
+    return Reaction(replicas, reasons or ["no pool short"], changed)
