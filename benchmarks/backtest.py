@@ -133,7 +133,9 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
          f"({args.workers} workers, {total / 60:.1f} min on the 2-core development machine"
          f"{'' if finished else '; stopped before every row ran'}). Policies, knobs and "
          "scores: planner/backtest/policies.py and planner/backtest/scores.py; every fleetpilot row is the real "
-         "planner core (`core.plan_interval`), every dynamo row Dynamo's documented two-loop planner."), "",
+         "planner core (`core.plan_interval` every interval, its fast path `core.react` every 5 s between; "
+         "`fleetpilot-constant-predictive` runs without the fast path), every dynamo row Dynamo's documented "
+         "two-loop planner."), "",
         ("A policy **meets the SLA** when at least 90% of the servable requests meet both TTFT and mean ITL targets "
          "and no 5-minute window falls below 85%. Each cell: the GPU-hours a policy needs to meet the SLA (read "
          "off its knob sweep, between the two settings around the target) divided by the oracle's; the oracle "
@@ -187,7 +189,8 @@ def main() -> int:
         print(f"== {row.label}: {scenario_.description}", flush=True)
         started = time.perf_counter()
         chosen_predictors = long_predictors if scenario_.fidelity == "fluid" else predictors
-        done = evaluate.run_all(scenario_, predictors=chosen_predictors, workers=args.workers, progress=lambda g: print(
+        done = evaluate.run_all(scenario_, predictors=chosen_predictors, workers=args.workers,
+                                predictive_only=() if args.quick else ("constant",), progress=lambda g: print(
             f"   {g.name:22} {len(g.results):2d} runs, {g.seconds_per_run:6.2f} s/run, best score "
             f"{max(r.effective for r in g.results):.1%}", flush=True))
         elapsed = time.perf_counter() - started

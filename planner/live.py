@@ -39,8 +39,15 @@ PREDICTED_RATE = Gauge("fleetpilot_planner_predicted_rate_rps", "Peak request ra
 OBSERVED_RATE = Gauge("fleetpilot_planner_observed_rate_rps", "Request rate seen in the last interval.",
                       ["namespace", "graph"])
 DESIRED = Gauge("fleetpilot_planner_desired_replicas", "Replicas the planner decided.", ["namespace", "graph", "component"])
-CORRECTION = Gauge("fleetpilot_planner_correction_factor", "Observed over expected latency.",
+CORRECTION = Gauge("fleetpilot_planner_correction_factor",
+                   "How much slower than its profile the fleet works (1: as profiled), learned from recent intervals.",
                    ["namespace", "graph", "component"])
+LATENCY_OFFSET = Gauge("fleetpilot_planner_latency_offset_seconds",
+                       "Latency at the SLA percentile the profile does not model (TTFT for prefill, ITL for decode).",
+                       ["namespace", "graph", "component"])
+BURST = Gauge("fleetpilot_planner_burst_factor",
+              "How much burstier than Poisson the arrivals are: prefill is sized for the rate times this.",
+              ["namespace", "graph"])
 FORECAST_ERROR = Gauge("fleetpilot_planner_forecast_error_ratio", "|forecast - observed| / observed, last interval.",
                        ["namespace", "graph"])
 HOLDING = Gauge("fleetpilot_planner_holding", "1 while the planner holds replicas for lack of data.",
@@ -278,6 +285,10 @@ class LivePlanner:
             DESIRED.labels(namespace, name, pool).set(replicas)
         CORRECTION.labels(namespace, name, "prefill").set(plan.corrections.prefill)
         CORRECTION.labels(namespace, name, "decode").set(plan.corrections.decode)
+        LATENCY_OFFSET.labels(namespace, name, "prefill").set(plan.corrections.prefill_offset_s)
+        LATENCY_OFFSET.labels(namespace, name, "decode").set(plan.corrections.decode_offset_s)
+        if plan.predicted is not None:
+            BURST.labels(namespace, name).set(plan.predicted.burst)
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
                       message: str) -> None:

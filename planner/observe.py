@@ -2,7 +2,8 @@
 
 Reads only the frontend's metric contract (DESIGN.md): offered request rate, mean ISL and OSL, and
 TTFT, ITL and TTFT's prefill part at the SLA percentile through `histogram_quantile` (the prefill part
-is absent for an aggregated graph: the planner then blames TTFT whole). Prometheus adds the graph and
+is absent for an aggregated graph: the planner then blames TTFT whole), the mean ITL, and the arrival
+burst the percentile's request saw. Prometheus adds the graph and
 namespace labels from the pods' labels at scrape time. An answer that is empty, NaN or older than
 the interval is "no data": the planner then holds, it never decides from nothing.
 """
@@ -46,6 +47,11 @@ def queries(*, namespace: str, graph: str, window_s: int, percentile: float, lab
         "ttft_s": quantile("fleetpilot_frontend_time_to_first_token_seconds"),
         "itl_s": quantile("fleetpilot_frontend_inter_token_latency_seconds"),
         "prefill_s": quantile("fleetpilot_frontend_prefill_seconds"),
+        "itl_mean_s": mean("fleetpilot_frontend_inter_token_latency_seconds"),
+        # Each frontend sees its share of the arrivals: its burst times the frontends serving, as if the
+        # load balancer spread every burst evenly.
+        "burst_rate_rps": (f"{quantile('fleetpilot_frontend_arrival_burst_rps')}"
+                           f" * count(fleetpilot_frontend_requests_started_total{{{selector}}})"),
     }
 
 
@@ -70,7 +76,8 @@ class PrometheusObserver:
         if values["rate_rps"] is None:
             return Observation(time=now, error=f"no fleetpilot_frontend_* series for {namespace}/{graph} in Prometheus")
         return Observation(time=now, rate_rps=values["rate_rps"], isl=values["isl"], osl=values["osl"],
-                           ttft_s=values["ttft_s"], itl_s=values["itl_s"], prefill_s=values["prefill_s"])
+                           ttft_s=values["ttft_s"], itl_s=values["itl_s"], prefill_s=values["prefill_s"],
+                           itl_mean_s=values["itl_mean_s"], burst_rate_rps=values["burst_rate_rps"])
 
     def _scalar(self, promql: str, *, now: float, max_age_s: float) -> float | None:
         result = self._prometheus.custom_query(promql, params={"timeout": f"{self.timeout_s:g}s"})

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from fleetpilot.api import contract
 from fleetpilot.frontend import routing
 from fleetpilot.frontend.discovery import Discovery
 from fleetpilot.frontend.metrics import FrontendMetrics
@@ -128,11 +129,20 @@ class Frontend:
         self.load: dict[str, int] = defaultdict(int)
         self.quarantined: dict[str, float] = {}
         self.prefix_cache = routing.PrefixCache()  # a model of the workers' KV caches, for any policy
+        self.arrivals: deque[float] = deque()  # arrival times within the trailing burst window
         self.draining = False
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout, connect=3.0),
             limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512),
         )
+
+    def _count_arrival(self, now: float) -> None:
+        """Observe the arrival rate this request arrived into over the trailing burst window: the
+        histogram of it, one sample per request, is what the planner sizes prefill's bursts from."""
+        self.arrivals.append(now)
+        while self.arrivals and self.arrivals[0] <= now - contract.BURST_WINDOW_S:
+            self.arrivals.popleft()
+        self.metrics.arrival_burst.labels(self.model).observe(len(self.arrivals) / contract.BURST_WINDOW_S)
 
     # -- choosing workers ----------------------------------------------------------------------------
 
@@ -285,6 +295,7 @@ class Frontend:
             return JSONResponse(error_body(f"model {body.get('model')!r} is not served here; use {self.model!r}",
                                            kind="NotFoundError", code=404), status_code=404)
         body["model"] = self.model
+        self._count_arrival(tracker.started)
         self.metrics.started.labels(self.model).inc()
         self.metrics.inflight.labels(self.model).inc()
         if body.get("stream"):

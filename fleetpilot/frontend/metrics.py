@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # Bounds 15% apart from 5 ms to 60 s: a percentile read from the histogram lands within about 7%
 # of the exact one, finer than any SLA people set.
 LATENCY_BUCKETS = tuple(round(0.005 * 1.15**i, 6) for i in range(68)) + (60.0,)
+# Requests/s from 0.2 (one request in a 5 s window) to about 13,000, 20% apart.
+RATE_BUCKETS = tuple(round(0.2 * 1.2**i, 3) for i in range(62))
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -32,6 +34,12 @@ class FrontendMetrics:
             "Disaggregated graphs: from request received until the prefill worker handed the KV cache over "
             "(queueing and prompt compute): TTFT's part that prefill answers for; the rest is KV transfer "
             "and waiting for a decode slot.", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.arrival_burst = Histogram(
+            "fleetpilot_frontend_arrival_burst_rps",
+            "One observation per request: the requests this frontend received in the trailing "
+            "BURST_WINDOW_S seconds (fleetpilot/api/contract.py), per second. Its percentile is the burst "
+            "the SLA percentile's request arrived into; the planner sizes prefill for it.",
+            ["model"], buckets=RATE_BUCKETS, registry=r)
         self.itl = Histogram("fleetpilot_frontend_inter_token_latency_seconds",
                              "One observation per request: its mean inter-token latency.",
                              ["model"], buckets=LATENCY_BUCKETS, registry=r)

@@ -263,6 +263,11 @@ def test_replaying_a_minute_of_the_azure_trace_counts_every_request(tmp_path: Pa
     prefill_p50, prefilled = histogram_quantile(metrics, "fleetpilot_frontend_prefill_seconds", 0.5)
     assert prefilled == len(requests)
     assert 0 < prefill_p50 < frontend_p50
+    # The arrival burst each request saw (the planner sizes prefill for its percentile): one sample per
+    # request, and at the 90th percentile above the replay's mean rate (the trace comes in bursts).
+    burst_p90, burst_counted = histogram_quantile(metrics, "fleetpilot_frontend_arrival_burst_rps", 0.9)
+    assert burst_counted == len(requests)
+    assert burst_p90 > len(requests) / (60 / speedup)
     client_p50 = summary.ttft_ms.p50 / 1000
     measured = f"client p50 {client_p50 * 1000:.1f} ms, frontend p50 {frontend_p50 * 1000:.1f} ms"
     print(f"\nAzure code trace, 60 s at {speedup}x: {len(requests)} requests; TTFT {measured}")

@@ -39,3 +39,17 @@ def test_graphs_that_left_give_their_budget_share_back_and_their_history_goes() 
     asyncio.run(planner.tick())
     assert [c.graph for c in planner.ledger.claims("shared")] == ["ns/kept"]
     assert set(planner.next_due) == {("ns", "kept")}
+
+
+def test_the_observer_reads_the_prefill_part_the_mean_itl_and_the_burst() -> None:
+    """The PromQL behind TTFT's blame, the profile's calibration and prefill's bursts: each on the graph's
+    series only; the burst per frontend is scaled by the frontends serving."""
+    from fleetpilot.planner import observe
+
+    found = observe.queries(namespace="ns", graph="g", window_s=60, percentile=90, labels=observe.Labels())
+    selector = 'namespace="ns",graph="g"'
+    assert found["prefill_s"] == (
+        f"histogram_quantile(0.9, sum by (le) (rate(fleetpilot_frontend_prefill_seconds_bucket{{{selector}}}[60s])))")
+    assert found["itl_mean_s"].startswith("sum(rate(fleetpilot_frontend_inter_token_latency_seconds_sum{")
+    assert "fleetpilot_frontend_arrival_burst_rps_bucket" in found["burst_rate_rps"]
+    assert found["burst_rate_rps"].endswith(f"* count(fleetpilot_frontend_requests_started_total{{{selector}}})")
