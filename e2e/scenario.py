@@ -384,8 +384,9 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
                                interval_s=scenario.interval_s * k, startup_s=scenario.startup_s * k,
                                bounds={"prefill": bounds["prefill"], "decode": bounds["decode"]})
     start = {"prefill": bounds["prefill"][0], "decode": bounds["decode"][0]}
+    # The live planner runs no fast path yet: neither does its prediction.
     policy = policies.Fleetpilot(setting, predict.make_predictor("constant"), predictor_name="constant",
-                                 headroom=0.1, initial=start, hold_s=scenario.hold_s * k)
+                                 headroom=0.1, initial=start, hold_s=scenario.hold_s * k, reactive=False)
     fleet = driver.RequestFleet(fleetsim.FleetConfig(timing=model, startup_s=scenario.startup_s * k),
                                 simulated, start)
     result = driver.run(fleet, policy, duration_s=scenario.duration_s * k, interval_s=scenario.interval_s * k,
