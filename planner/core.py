@@ -145,7 +145,8 @@ def _append(series: tuple[float, ...], value: float) -> tuple[float, ...]:
     return (*series, value)[-HISTORY_LIMIT:]
 
 
-def _recent_mean(series: tuple[float, ...], k: int = 6) -> float:
+def recent_mean(series: tuple[float, ...], k: int = 6) -> float:
+    """The mean of the last `k` intervals that had any (lengths of an idle interval are unknown, not 0)."""
     tail = [v for v in series[-k:] if v > 0]
     return sum(tail) / len(tail) if tail else 0.0
 
@@ -273,7 +274,7 @@ def plan_interval(
     forecast = forecaster.forecast(
         memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s)
     peak_rate = max(max(forecast.mean), 0.0)
-    isl, osl = _recent_mean(memory.isls), _recent_mean(memory.osls)
+    isl, osl = recent_mean(memory.isls), recent_mean(memory.osls)
     if observation.burst_rate_rps is not None and rate > 0:
         excess = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
         memory = dataclasses.replace(memory, bursts=(*memory.bursts, excess)[-CALIBRATION_INTERVALS:])
@@ -325,7 +326,7 @@ def react(
     bounds = {pool: (bound.min_replicas, bound.max_replicas) for pool, bound in config.bounds.items()}
     reaction = reactive.react(
         gauges, capacity,
-        isl=isl if isl else _recent_mean(memory.isls), osl=osl if osl else _recent_mean(memory.osls),
+        isl=isl if isl else recent_mean(memory.isls), osl=osl if osl else recent_mean(memory.osls),
         ttft_target_s=config.sla.ttft_ms / 1e3, itl_target_s=config.sla.itl_ms / 1e3, floor=floor, bounds=bounds,
     )
     if config.gpu_budget is None or not reaction.changed:

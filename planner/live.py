@@ -29,7 +29,7 @@ from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import core, sizing
+from fleetpilot.planner import core, reactive, sizing
 from fleetpilot.planner.observe import PrometheusObserver
 
 logger = logging.getLogger("fleetpilot.planner")
@@ -57,6 +57,8 @@ WANTED_GPUS = Gauge("fleetpilot_planner_wanted_gpus", "GPUs the decision would u
                     ["namespace", "graph"])
 GPU_BUDGET = Gauge("fleetpilot_planner_gpu_budget", "GPU cap applied this interval (own gpuBudget or budget share).",
                    ["namespace", "graph"])
+FAST_PATH = Counter("fleetpilot_planner_fast_path_scale_ups_total",
+                    "Replicas the fast path added between intervals, by component.", ["namespace", "graph", "component"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
 LEADER = Gauge("fleetpilot_planner_leader",
                 "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
@@ -74,6 +76,15 @@ def simulator_profile(tensor_parallel: int) -> profiles.Profile:
     return profiles.from_performance_model(
         model, isls=[128, 512, 1024, 2048, 4096, 8192, 16384], contexts=[512, 1024, 2048, 4096, 8192, 16384],
         concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")
+
+
+@dataclasses.dataclass(frozen=True)
+class FastPathState:
+    """What the fast path needs from a graph's last plan."""
+
+    config: core.GraphPlanConfig
+    capacity: capacities.CapacityModel
+    floor: dict[sizing.Pool, int]
 
 
 class ProfileError(Exception):
@@ -96,6 +107,10 @@ class LivePlanner:
         self.hold_s = hold_s
         self.memory: dict[tuple[str, str], core.GraphMemory] = {}
         self.next_due: dict[tuple[str, str], float] = {}
+        # The fast path between intervals: per graph, what its last plan was made with and decided
+        # (the floor it never goes below), and when it next looks at the engines' queues.
+        self.fast: dict[tuple[str, str], FastPathState] = {}
+        self.next_react: dict[tuple[str, str], float] = {}
         self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
         # Graphs and their components, each kept by one watch per namespace instead of a LIST per tick.
         self.graphs = informer.Store()
@@ -153,6 +168,18 @@ class LivePlanner:
                 except kube_mod.ApiError as error:
                     ERRORS.labels("kubernetes").inc()
                     logger.warning("planning %s/%s failed: %s", *key, error)
+        for key, body in sorted(planned.items()):
+            state = self.fast.get(key)
+            if state is None or state.config.reactive_period_s is None or self.next_react.get(key, 0) > now:
+                continue
+            if not self.may_act():
+                return
+            self.next_react[key] = now + state.config.reactive_period_s
+            try:
+                await self.react_graph(body, state)
+            except kube_mod.ApiError as error:
+                ERRORS.labels("kubernetes").inc()
+                logger.warning("fast path for %s/%s failed: %s", *key, error)
 
     def _forget_all_but(self, planned: Iterable[tuple[str, str]]) -> None:
         """Graphs deleted or with the planner turned off: their history goes, their budget share goes back."""
@@ -160,6 +187,8 @@ class LivePlanner:
         for key in [k for k in self.next_due if k not in keep]:
             self.next_due.pop(key, None)
             self.memory.pop(key, None)
+            self.fast.pop(key, None)
+            self.next_react.pop(key, None)
         names = {f"{namespace}/{name}" for namespace, name in keep}
         for budget in self.ledger.budgets:
             for claim in self.ledger.claims(budget):
@@ -248,6 +277,10 @@ class LivePlanner:
             plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
         if not self.may_act():
             return None
+        if config.mode == "sla" and config.disaggregated and plan.data_ok:
+            self.fast[key] = FastPathState(config=config, capacity=capacity, floor=dict(plan.replicas))
+        else:
+            self.fast.pop(key, None)  # advisory, aggregated or holding for lack of data: nothing between intervals
         self._export(namespace, name, plan, config)
         logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
 
@@ -267,6 +300,36 @@ class LivePlanner:
             verb = "scaling" if config.mode == "sla" else "advising (mode advisory: replicas untouched)"
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}")
         return plan
+
+    async def react_graph(self, body: dict[str, Any], state: FastPathState) -> reactive.Reaction | None:
+        """The fast path for one graph (`core.react`): from the engines' queues now, add the replicas the
+        pool that is short needs, never below the last plan's decision; None when the queues are unknown."""
+        graph = api.DynamoGraph.model_validate(body)
+        namespace, name = graph.metadata.namespace, graph.metadata.name
+        engines = await asyncio.to_thread(self.observer.gauges, namespace=namespace, graph=name)
+        if engines is None:
+            return None
+        memory = self.memory.get((namespace, name), core.GraphMemory())
+        current, ready = await self._replicas(graph)
+        isl = core.recent_mean(memory.isls)
+        gauges = reactive.Gauges(
+            prefill_queued_tokens=engines.prefill_waiting * isl, decode_running=engines.decode_running,
+            decode_waiting=engines.decode_waiting, ready=ready, active=current)
+        reaction = core.react(state.config, gauges, memory, floor=state.floor, capacity=state.capacity)
+        if not reaction.changed or not self.may_act():
+            return reaction
+        added = {pool: n for pool, n in reaction.replicas.items() if n > current.get(pool, 0)}
+        for pool, replicas in added.items():
+            await self.kube.patch("DynamoGraphComponent", namespace, contract.child_name(name, pool),
+                                  {"spec": {"replicas": replicas}}, subresource="scale")
+            FAST_PATH.labels(namespace, name, pool).inc(replicas - current[pool])
+            DESIRED.labels(namespace, name, pool).set(replicas)
+        if added:
+            why = "; ".join(reaction.reasons)
+            logger.info("%s/%s: fast path %s: %s", namespace, name, added, why)
+            await self._event(body, "FastPath", ", ".join(f"{p} {current[p]}→{n}" for p, n in added.items())
+                              + f": {why}")
+        return reaction
 
     def _export(self, namespace: str, name: str, plan: core.Plan, config: core.GraphPlanConfig) -> None:
         HOLDING.labels(namespace, name).set(0 if plan.data_ok else 1)

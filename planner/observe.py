@@ -55,6 +55,27 @@ def queries(*, namespace: str, graph: str, window_s: int, percentile: float, lab
     }
 
 
+@dataclass(frozen=True)
+class EngineGauges:
+    """What the engines say right now, summed over a graph's workers (vLLM's own gauges)."""
+
+    prefill_waiting: float  # requests queued at the prefill workers
+    decode_running: float  # sequences decoding
+    decode_waiting: float  # requests waiting for a decode slot (KV cache or batch cap full)
+
+
+def gauge_queries(*, namespace: str, graph: str, labels: Labels) -> dict[str, str]:
+    """The PromQL for the fast path's engine gauges (pure)."""
+    def total(metric: str, component: str) -> str:
+        return f'sum({metric}{{{labels.namespace}="{namespace}",{labels.graph}="{graph}",component="{component}"}})'
+
+    return {
+        "prefill_waiting": total("vllm:num_requests_waiting", "prefill"),
+        "decode_running": total("vllm:num_requests_running", "decode"),
+        "decode_waiting": total("vllm:num_requests_waiting", "decode"),
+    }
+
+
 class PrometheusObserver:
     """Runs the contract's queries against one Prometheus (synchronous: call it from a thread)."""
 
@@ -78,6 +99,20 @@ class PrometheusObserver:
         return Observation(time=now, rate_rps=values["rate_rps"], isl=values["isl"], osl=values["osl"],
                            ttft_s=values["ttft_s"], itl_s=values["itl_s"], prefill_s=values["prefill_s"],
                            itl_mean_s=values["itl_mean_s"], burst_rate_rps=values["burst_rate_rps"])
+
+    def gauges(self, *, namespace: str, graph: str, max_age_s: float = 30.0) -> EngineGauges | None:
+        """The engines' queue gauges for the fast path; None when Prometheus cannot say (it then does nothing)."""
+        now = time.time()
+        values: dict[str, float] = {}
+        try:
+            for name, promql in gauge_queries(namespace=namespace, graph=graph, labels=self.labels).items():
+                value = self._scalar(promql, now=now, max_age_s=max_age_s)
+                if value is None:
+                    return None
+                values[name] = value
+        except Exception:  # noqa: BLE001 - any failure to read is "no data": the fast path waits
+            return None
+        return EngineGauges(**values)
 
     def _scalar(self, promql: str, *, now: float, max_age_s: float) -> float | None:
         result = self._prometheus.custom_query(promql, params={"timeout": f"{self.timeout_s:g}s"})

@@ -53,3 +53,91 @@ def test_the_observer_reads_the_prefill_part_the_mean_itl_and_the_burst() -> Non
     assert found["itl_mean_s"].startswith("sum(rate(fleetpilot_frontend_inter_token_latency_seconds_sum{")
     assert "fleetpilot_frontend_arrival_burst_rps_bucket" in found["burst_rate_rps"]
     assert found["burst_rate_rps"].endswith(f"* count(fleetpilot_frontend_requests_started_total{{{selector}}})")
+
+
+# -- the fast path between intervals ------------------------------------------------------------------------
+
+
+class Queues:
+    """An observer whose engine gauges the test sets."""
+
+    url = "http://prometheus.test"
+
+    def __init__(self, gauges: Any) -> None:
+        self.value = gauges
+
+    def gauges(self, *, namespace: str, graph: str) -> Any:
+        return self.value
+
+
+class Recorder:
+    """A Kubernetes API that records /scale patches and Events."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[str] = []
+
+    async def patch(self, kind: str, namespace: str, name: str, body: dict[str, Any], *, subresource: str) -> None:
+        assert (kind, subresource) == ("DynamoGraphComponent", "scale")
+        self.patches.append((name, body))
+
+    async def event(self, body: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
+        self.events.append(f"{reason}: {message}")
+
+
+def fast_path_planner(gauges: Any, *, floor: dict[str, int], replicas: dict[str, int]) -> tuple[
+        live.LivePlanner, Recorder, dict[str, Any]]:
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import capacity, core
+
+    kube = Recorder()
+    planner = live.LivePlanner(kube, Queues(gauges))  # type: ignore[arg-type]
+    body = {"apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND, "metadata": {"name": "g", "namespace": "ns"},
+            "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                     "components": {"prefill": {"scaling": {"min": 1, "max": 8}},
+                                    "decode": {"scaling": {"min": 1, "max": 8}}},
+                     "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}}}}
+    for pool, n in replicas.items():
+        planner.components.upsert({"kind": api.COMPONENT_KIND, "metadata": {"name": f"g-{pool}", "namespace": "ns",
+                                                                             "resourceVersion": "1"},
+                                   "spec": {"replicas": n}, "status": {"readyReplicas": n}})
+    config = core.config_from_spec(api.DynamoGraphSpec.model_validate(body["spec"]))
+    planner.memory[("ns", "g")] = core.GraphMemory(isls=(2000.0,), osls=(200.0,))
+    state = live.FastPathState(config=config, capacity=capacity.CapacityModel(live.simulator_profile(1)),
+                               floor=floor)  # type: ignore[arg-type]
+    return planner, kube, body | {"state": state}
+
+
+def test_the_live_fast_path_adds_decode_for_a_decode_backlog_and_leaves_prefill() -> None:
+    from fleetpilot.planner.observe import EngineGauges
+
+    planner, kube, body = fast_path_planner(EngineGauges(prefill_waiting=0, decode_running=200, decode_waiting=300),
+                                            floor={"prefill": 2, "decode": 2}, replicas={"prefill": 2, "decode": 2})
+    state = body.pop("state")
+    reaction = asyncio.run(planner.react_graph(body, state))
+    assert reaction is not None and reaction.changed
+    assert kube.patches == [("g-decode", {"spec": {"replicas": 3}})]  # +50% of 2, not prefill
+    assert kube.events and kube.events[0].startswith("FastPath: decode 2→3")
+
+
+def test_the_live_fast_path_does_nothing_without_queues_and_never_scales_down() -> None:
+    from fleetpilot.planner.observe import EngineGauges
+
+    planner, kube, body = fast_path_planner(None, floor={"prefill": 2, "decode": 2},
+                                            replicas={"prefill": 2, "decode": 2})
+    state = body.pop("state")
+    assert asyncio.run(planner.react_graph(body, state)) is None and not kube.patches
+    # Idle engines, and a pool above the last decision: the fast path takes nothing away.
+    planner, kube, body = fast_path_planner(EngineGauges(0, 0, 0), floor={"prefill": 1, "decode": 1},
+                                            replicas={"prefill": 4, "decode": 3})
+    state = body.pop("state")
+    reaction = asyncio.run(planner.react_graph(body, state))
+    assert reaction is not None and not reaction.changed and not kube.patches
+
+
+def test_the_fast_path_reads_the_engines_own_gauges_per_component() -> None:
+    from fleetpilot.planner import observe
+
+    found = observe.gauge_queries(namespace="ns", graph="g", labels=observe.Labels())
+    assert found["decode_waiting"] == 'sum(vllm:num_requests_waiting{namespace="ns",graph="g",component="decode"})'
+    assert found["prefill_waiting"].endswith('component="prefill"})')
