@@ -135,6 +135,7 @@ class Plan:
     forecast_error: float | None = None  # |forecast - observed| / observed, for the previous forecast
     predictor: str = ""
     wanted_gpus: int | None = None  # what the decision would use with no budget: its claim on a shared one
+    binding: Mapping[sizing.Pool, sizing.Binding] = dataclasses.field(default_factory=dict)  # what set each pool
 
     @property
     def reason(self) -> str:
@@ -256,7 +257,8 @@ def plan_interval(
             gpus_per_replica=config.gpus_per_replica, gpu_budget=config.gpu_budget, state=memory.scale_down,
             now=now, hold_seconds=config.hold_s, max_step_down=config.max_step_down, data_ok=False, data_note=why,
         )
-        plan = Plan(replicas=decision.replicas, reasons=decision.reasons, data_ok=False, observed=observation)
+        plan = Plan(replicas=decision.replicas, reasons=decision.reasons, data_ok=False, observed=observation,
+                    binding=decision.binding)
         return plan, dataclasses.replace(memory, scale_down=decision.state)
 
     rate = float(observation.rate_rps or 0.0)
@@ -301,6 +303,7 @@ def plan_interval(
     plan = Plan(
         replicas=decision.replicas, reasons=[desired.reason, *decision.reasons], data_ok=True, observed=observation,
         predicted=load, corrections=corrections, forecast_error=forecast_error, predictor=used, wanted_gpus=wanted,
+        binding=decision.binding,
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast)

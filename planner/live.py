@@ -57,6 +57,12 @@ WANTED_GPUS = Gauge("fleetpilot_planner_wanted_gpus", "GPUs the decision would u
                     ["namespace", "graph"])
 GPU_BUDGET = Gauge("fleetpilot_planner_gpu_budget", "GPU cap applied this interval (own gpuBudget or budget share).",
                    ["namespace", "graph"])
+SLA_TARGET = Gauge("fleetpilot_planner_sla_target_seconds", "The graph's SLA targets the planner plans for.",
+                   ["namespace", "graph", "metric"])
+BINDING = Gauge("fleetpilot_planner_binding",
+                "1 for what set each component's replicas at the last decision (forecast, bounds, hold, step-limit, "
+                "budget, no-data, fast-path), 0 for the others.", ["namespace", "graph", "component", "reason"])
+BINDINGS: tuple[sizing.Binding, ...] = ("forecast", "bounds", "hold", "step-limit", "budget", "no-data", "fast-path")
 FAST_PATH = Counter("fleetpilot_planner_fast_path_scale_ups_total",
                     "Replicas the fast path added between intervals, by component.", ["namespace", "graph", "component"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
@@ -85,6 +91,11 @@ class FastPathState:
     config: core.GraphPlanConfig
     capacity: capacities.CapacityModel
     floor: dict[sizing.Pool, int]
+
+
+def _set_binding(namespace: str, name: str, pool: str, why: sizing.Binding) -> None:
+    for reason in BINDINGS:
+        BINDING.labels(namespace, name, pool, reason).set(1 if reason == why else 0)
 
 
 class ProfileError(Exception):
@@ -324,6 +335,7 @@ class LivePlanner:
                                   {"spec": {"replicas": replicas}}, subresource="scale")
             FAST_PATH.labels(namespace, name, pool).inc(replicas - current[pool])
             DESIRED.labels(namespace, name, pool).set(replicas)
+            _set_binding(namespace, name, pool, "fast-path")
         if added:
             why = "; ".join(reaction.reasons)
             logger.info("%s/%s: fast path %s: %s", namespace, name, added, why)
@@ -346,6 +358,10 @@ class LivePlanner:
             FORECAST_ERROR.labels(namespace, name).set(plan.forecast_error)
         for pool, replicas in plan.replicas.items():
             DESIRED.labels(namespace, name, pool).set(replicas)
+        SLA_TARGET.labels(namespace, name, "ttft").set(config.sla.ttft_ms / 1e3)
+        SLA_TARGET.labels(namespace, name, "itl").set(config.sla.itl_ms / 1e3)
+        for pool, why in plan.binding.items():
+            _set_binding(namespace, name, pool, why)
         CORRECTION.labels(namespace, name, "prefill").set(plan.corrections.prefill)
         CORRECTION.labels(namespace, name, "decode").set(plan.corrections.decode)
         LATENCY_OFFSET.labels(namespace, name, "prefill").set(plan.corrections.prefill_offset_s)
@@ -361,6 +377,7 @@ class LivePlanner:
                                  "reason": message[:1024]}
         if plan is not None:
             block["replicas"] = dict(plan.replicas)
+            block["binding"] = dict(plan.binding)
             block["summary"] = ", ".join(f"{p}={n}" for p, n in plan.replicas.items()) + (
                 "" if plan.data_ok else " (holding)")
             if plan.observed.rate_rps is not None:

@@ -304,13 +304,22 @@ class ScaleDownState:
     waiting_peak: Mapping[Pool, int] = dataclasses.field(default_factory=dict)
 
 
+# What set each pool's replicas, in one word (a status field and a metric label):
+Binding = Literal["forecast", "bounds", "hold", "step-limit", "budget", "no-data", "fast-path"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision(_ReplicasByPool):
-    """The replicas the planner will run per pool, why, and the state for the next interval."""
+    """The replicas the planner will run per pool, why, and the state for the next interval.
+
+    `binding[pool]` says what set the pool's count: the sizing for the forecast load, its bounds, the
+    scale-down hold, a step limit, the GPU budget, or missing data.
+    """
 
     replicas: Mapping[Pool, int]
     reasons: list[str]
     state: ScaleDownState
+    binding: Mapping[Pool, Binding] = dataclasses.field(default_factory=dict)
 
 
 def _gpus(replicas: Mapping[Pool, int], gpus_per_replica: Mapping[Pool, int]) -> int:
@@ -365,18 +374,21 @@ def constrain(
             {pool: current[pool] for pool in pools},
             [f"holding current replicas ({held}): planner input data missing or stale{why}"],
             ScaleDownState({}),
+            dict.fromkeys(pools, "no-data"),
         )
 
     replicas: dict[Pool, int] = {}
     targets: dict[Pool, int] = {}
     waiting: dict[Pool, float] = {}
     peaks: dict[Pool, int] = {}
+    binding: dict[Pool, Binding] = {}
     reasons: list[str] = []
     for pool in pools:
         low, high = bounds[pool].min_replicas, bounds[pool].max_replicas
         now_n, want = current[pool], desired.replicas[pool]
         target = min(high, max(low, want))
         targets[pool] = target
+        binding[pool] = "forecast" if target == want else "bounds"
         if target != want:
             reasons.append(f"{pool}: desired {want} clamped to {'min' if want < low else 'max'} {target}")
         new = now_n
@@ -384,6 +396,8 @@ def constrain(
             new = target if max_step_up is None else min(target, now_n + max_step_up)
             limited = f" (step limit {max_step_up}, target {target})" if new < target else ""
             reasons.append(f"{pool}: scale up {now_n} → {new}{limited}")
+            if new < target:
+                binding[pool] = "step-limit"
         elif target < now_n:
             since = state.waiting_since.get(pool, now)
             peak = max(target, state.waiting_peak.get(pool, target)) if pool in state.waiting_since else target
@@ -392,6 +406,7 @@ def constrain(
                 new = peak if max_step_down is None else max(peak, now_n - max_step_down)
                 limited = f" (step limit {max_step_down}, target {target})" if new > peak else ""
                 highest = f" (highest target of the wait {peak})" if peak > target else ""
+                binding[pool] = "step-limit" if limited else "hold" if peak > target else binding[pool]
                 reasons.append(f"{pool}: scale down {now_n} → {new} after {waited:.0f} s below{highest}{limited}")
                 if new > target:
                     waiting[pool] = now  # the next step waits a full hold period again
@@ -399,6 +414,7 @@ def constrain(
             else:
                 waiting[pool] = since
                 peaks[pool] = peak
+                binding[pool] = "hold"
                 reasons.append(
                     f"{pool}: target {target} below current {now_n} for {waited:.0f} s of the "
                     f"{hold_seconds:.0f} s hold: keeping {now_n}"
@@ -409,14 +425,17 @@ def constrain(
             new = bound
             waiting.pop(pool, None)
             peaks.pop(pool, None)
+            binding[pool] = "bounds"
         replicas[pool] = new
 
     if gpu_budget is not None:
+        before = dict(replicas)
         reasons.extend(_fit_budget(replicas, targets, bounds, gpus_per_replica, gpu_budget))
+        binding.update({pool: "budget" for pool in pools if replicas[pool] < before[pool]})
 
     if not reasons:
         reasons.append("no change: " + ", ".join(f"{pool} {replicas[pool]}" for pool in pools))
-    return Decision(replicas, reasons, ScaleDownState(waiting, peaks))
+    return Decision(replicas, reasons, ScaleDownState(waiting, peaks), binding)
 
 
 def _fit_budget(

@@ -491,3 +491,13 @@ def test_scale_down_lands_on_the_highest_target_of_the_hold_as_the_hpa_does() ->
         seen.append(decision.prefill)
     assert seen == [8, 8, 8, 5, 5, 2]
     assert state.waiting_since == {}
+
+
+def test_each_pool_says_what_set_its_replicas() -> None:
+    """The forecast, the bounds, the hold, the budget or missing data: one word per pool, for status and metrics."""
+    assert dict(decide(desire(6, 3), {"prefill": 2, "decode": 3}).binding) == {"prefill": "forecast", "decode": "forecast"}
+    assert decide(desire(20, 3), {"prefill": 2, "decode": 3}).binding["prefill"] == "bounds"
+    assert decide(desire(2, 3), {"prefill": 4, "decode": 3}).binding["prefill"] == "hold"
+    assert decide(desire(6, 3), {"prefill": 2, "decode": 2}, max_step_up=2).binding["prefill"] == "step-limit"
+    assert decide(desire(3, 4), {"prefill": 6, "decode": 4}, budget=12).binding["prefill"] == "budget"
+    assert set(decide(desire(1, 1), {"prefill": 4, "decode": 2}, data_ok=False).binding.values()) == {"no-data"}
