@@ -142,6 +142,14 @@ class Plan:
         return "; ".join(self.reasons)
 
 
+def warm_memory(rates: tuple[float, ...], isls: tuple[float, ...], osls: tuple[float, ...]) -> GraphMemory:
+    """A graph's memory from history kept elsewhere (Prometheus), so that a restarted planner, or one
+    that just became leader, forecasts from the load it would have seen had it been running."""
+    if not len(rates) == len(isls) == len(osls):
+        raise ValueError("rates, isls and osls must be as long as each other")
+    return GraphMemory(rates=rates[-HISTORY_LIMIT:], isls=isls[-HISTORY_LIMIT:], osls=osls[-HISTORY_LIMIT:])
+
+
 def _append(series: tuple[float, ...], value: float) -> tuple[float, ...]:
     return (*series, value)[-HISTORY_LIMIT:]
 

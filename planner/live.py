@@ -71,6 +71,11 @@ LEADER = Gauge("fleetpilot_planner_leader",
 PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Time to plan one graph once.",
                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
+# How far back a planner that starts (or becomes leader) reads a graph's load from Prometheus: a week,
+# within what any predictor looks at (core.HISTORY_LIMIT) and what one range query returns (11,000).
+WARM_START_S = 7 * 86400.0
+WARM_START_MAX_POINTS = 10_000
+
 # The profile the planner assumes for simulator graphs without a profileRef: what the simulator
 # itself runs (its CLI defaults).
 SIMULATOR_PRESET = ("llama-3.1-8b", "h200-sxm")
@@ -277,9 +282,11 @@ class LivePlanner:
         observation = await asyncio.to_thread(
             self.observer.observe, namespace=namespace, graph=name, window_s=int(config.interval_s),
             percentile=config.sla.percentile)
+        memory = self.memory.get(key)
+        if memory is None:
+            memory = await self._warm_start(namespace, name, config)
         plan, self.memory[key] = core.plan_interval(
-            config, observation, self.memory.get(key, core.GraphMemory()), current=current, capacity=capacity,
-            now=time.monotonic(), ready=ready)
+            config, observation, memory, current=current, capacity=capacity, now=time.monotonic(), ready=ready)
         if budget is not None and plan.wanted_gpus is not None:
             self.ledger.claim(budget, budget_mod.BudgetClaim(
                 graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
@@ -311,6 +318,17 @@ class LivePlanner:
             verb = "scaling" if config.mode == "sla" else "advising (mode advisory: replicas untouched)"
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}")
         return plan
+
+    async def _warm_start(self, namespace: str, name: str, config: core.GraphPlanConfig) -> core.GraphMemory:
+        """A graph's first plan since this planner started (or became leader): its load history from
+        Prometheus, as far back as the predictors look, so the decision is the one it would have made
+        had it been running all along."""
+        points = max(1, min(core.HISTORY_LIMIT, WARM_START_MAX_POINTS, int(WARM_START_S // config.interval_s)))
+        history = await asyncio.to_thread(self.observer.history, namespace=namespace, graph=name,
+                                          window_s=int(config.interval_s), points=points)
+        logger.info("%s/%s: warm start with %d intervals of history (%.1f h) from Prometheus", namespace, name,
+                    len(history.rates), len(history.rates) * config.interval_s / 3600)
+        return core.warm_memory(history.rates, history.isls, history.osls)
 
     async def react_graph(self, body: dict[str, Any], state: FastPathState) -> reactive.Reaction | None:
         """The fast path for one graph (`core.react`): from the engines' queues now, add the replicas the

@@ -10,6 +10,7 @@ the interval is "no data": the planner then holds, it never decides from nothing
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
 from dataclasses import dataclass
@@ -76,6 +77,15 @@ def gauge_queries(*, namespace: str, graph: str, labels: Labels) -> dict[str, st
     }
 
 
+@dataclass(frozen=True)
+class History:
+    """A graph's past intervals as Prometheus kept them, oldest first (steps without traffic omitted)."""
+
+    rates: tuple[float, ...]
+    isls: tuple[float, ...]
+    osls: tuple[float, ...]
+
+
 class PrometheusObserver:
     """Runs the contract's queries against one Prometheus (synchronous: call it from a thread)."""
 
@@ -99,6 +109,28 @@ class PrometheusObserver:
         return Observation(time=now, rate_rps=values["rate_rps"], isl=values["isl"], osl=values["osl"],
                            ttft_s=values["ttft_s"], itl_s=values["itl_s"], prefill_s=values["prefill_s"],
                            itl_mean_s=values["itl_mean_s"], burst_rate_rps=values["burst_rate_rps"])
+
+    def history(self, *, namespace: str, graph: str, window_s: int, points: int) -> History:
+        """The last `points` intervals before the current one: rate, mean ISL and OSL per interval (range
+        queries at a step of one interval). Empty when Prometheus cannot say: the planner starts cold."""
+        found = queries(namespace=namespace, graph=graph, window_s=window_s, percentile=50, labels=self.labels)
+        end = time.time() - window_s  # the current interval is the next observation's
+        start = end - (points - 1) * window_s
+        series: dict[str, dict[float, float]] = {}
+        try:
+            for name in ("rate_rps", "isl", "osl"):
+                result = self._prometheus.custom_query_range(
+                    found[name], start_time=datetime.datetime.fromtimestamp(start, tz=datetime.UTC),
+                    end_time=datetime.datetime.fromtimestamp(end, tz=datetime.UTC), step=f"{window_s}s")
+                values = result[0]["values"] if result else []
+                series[name] = {float(t): float(v) for t, v in values if math.isfinite(float(v))}
+        except Exception:  # noqa: BLE001 - no history is a cold start, never a crash
+            return History((), (), ())
+        steps = sorted(series["rate_rps"])
+        rates = tuple(series["rate_rps"][t] for t in steps)
+        isls = tuple(series["isl"].get(t, 0.0) for t in steps)
+        osls = tuple(series["osl"].get(t, 0.0) for t in steps)
+        return History(rates, isls, osls)
 
     def gauges(self, *, namespace: str, graph: str, max_age_s: float = 30.0) -> EngineGauges | None:
         """The engines' queue gauges for the fast path; None when Prometheus cannot say (it then does nothing)."""

@@ -10,6 +10,7 @@ offered rate and stops Prometheus, and reads what the planner wrote to the Dynam
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -136,18 +137,29 @@ def planned(kubectl: Kubectl, operator: OperatorProcess, namespace: str, tmp_pat
                                    graph="planned")
     prometheus.start()
     kubectl.apply(planned_graph(INTERVAL_S), namespace)
-    log = (tmp_path / "planner.log").open("wb")
-    planner = subprocess.Popen(
-        [str(Path(sys.executable).parent / "fleetpilot"), "planner", "run", "--prometheus-url", prometheus.url,
-         "--namespace", namespace, "--startup-seconds", "10", "--hold-seconds", "20", "--metrics-port", "0"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "KUBECONFIG": str(kubectl.kubeconfig)},
-    )
+    log = (tmp_path / "planner.log").open("ab")
+
+    def start_planner() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "fleetpilot"), "planner", "run", "--prometheus-url", prometheus.url,
+             "--namespace", namespace, "--startup-seconds", "10", "--hold-seconds", "20", "--metrics-port", "0"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "KUBECONFIG": str(kubectl.kubeconfig)},
+        )
+
+    running = {"planner": start_planner()}
+
+    def restart() -> None:
+        """Stop the planner and start a new one: it knows nothing but what Prometheus kept."""
+        os.killpg(running["planner"].pid, signal.SIGTERM)
+        running["planner"].wait(timeout=30)
+        running["planner"] = start_planner()
+
     try:
-        yield {"exporter": exporter, "prometheus": prometheus, "planner": planner, "log": tmp_path / "planner.log"}
+        yield {"exporter": exporter, "prometheus": prometheus, "restart": restart, "log": tmp_path / "planner.log"}
     finally:
-        os.killpg(planner.pid, signal.SIGTERM)
-        planner.wait(timeout=30)
+        os.killpg(running["planner"].pid, signal.SIGTERM)
+        running["planner"].wait(timeout=30)
         prometheus.stop()
         exporter.stop()
         assert "Traceback" not in (tmp_path / "planner.log").read_text(), (tmp_path / "planner.log").read_text()[-4000:]
@@ -206,3 +218,10 @@ def test_planner_scales_up_with_load_down_after_the_hold_and_holds_without_metri
     planned["prometheus"].start()
     wait_for(lambda: condition(graph(), "PlannerActive").get("status") == "True", timeout=4 * INTERVAL_S,
              what="planning to resume once Prometheus is back")
+
+    # A restarted planner (or a new leader) starts from the load history Prometheus kept, not cold.
+    planned["restart"]()
+    loaded = re.compile(r"planned: warm start with (\d+) intervals of history")
+    counts = wait_for(lambda: [int(n) for n in loaded.findall(planned["log"].read_text())][1:], timeout=60,
+                      what="the restarted planner's warm start")
+    assert counts[0] >= 3, f"the restarted planner loaded only {counts[0]} intervals of history"

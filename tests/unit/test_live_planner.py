@@ -141,3 +141,32 @@ def test_the_fast_path_reads_the_engines_own_gauges_per_component() -> None:
     found = observe.gauge_queries(namespace="ns", graph="g", labels=observe.Labels())
     assert found["decode_waiting"] == 'sum(vllm:num_requests_waiting{namespace="ns",graph="g",component="decode"})'
     assert found["prefill_waiting"].endswith('component="prefill"})')
+
+
+def test_a_planner_that_starts_loads_each_graphs_history_from_prometheus() -> None:
+    """The first plan of a graph since the planner started forecasts from the load Prometheus kept, as
+    far back as the predictors look; the next ones from its own memory."""
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+    from fleetpilot.planner.observe import History
+
+    class Kept:
+        url = "http://prometheus.test"
+
+        def __init__(self) -> None:
+            self.asked: list[tuple[int, int]] = []
+
+        def history(self, *, namespace: str, graph: str, window_s: int, points: int) -> History:
+            self.asked.append((window_s, points))
+            return History((1.0, 2.0, 3.0), (2000.0,) * 3, (200.0,) * 3)
+
+    observer = Kept()
+    planner = live.LivePlanner(None, observer)  # type: ignore[arg-type]
+    spec = api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": "simulator"},
+        "components": {"prefill": {}, "decode": {}},
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "intervalSeconds": 60}})
+    config = core.config_from_spec(spec)
+    memory = asyncio.run(planner._warm_start("ns", "g", config))
+    assert memory.rates == (1.0, 2.0, 3.0) and memory.isls == (2000.0,) * 3
+    assert observer.asked == [(60, core.HISTORY_LIMIT)]  # a week of minutes is more than the predictors use
