@@ -22,7 +22,7 @@ import yaml
 
 from fleetpilot import kube
 from fleetpilot.api import contract
-from fleetpilot.planner import core
+from fleetpilot.planner import core, observe
 from fleetpilot.planner import live as planner_live
 
 from .conftest import (
@@ -168,6 +168,12 @@ class _Observer:
 
     def observe(self, *, namespace: str, graph: str, window_s: int, percentile: float) -> core.Observation:
         return core.Observation(time=time.time(), rate_rps=40.0, isl=2000.0, osl=300.0, ttft_s=2.0, itl_s=0.2)
+
+    def history(self, *, namespace: str, graph: str, window_s: int, points: int) -> observe.History:
+        return observe.History((), (), ())  # a cold start
+
+    def gauges(self, *, namespace: str, graph: str) -> None:
+        return None  # no engine gauges: the fast path does nothing
 
 
 def test_planner_service_account_scales_components_but_never_edits_a_graph(

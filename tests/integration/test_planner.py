@@ -202,9 +202,10 @@ def test_planner_scales_up_with_load_down_after_the_hold_and_holds_without_metri
     waited = time.monotonic() - lowered_at
     print(f"first scale-down to {first_drop} {waited:.1f}s after the rate fell")
     assert waited >= 20 - 1, "scaled down before the 20 s hold"
-    # Down to the highest target of the hold (the HPA's stabilisation window), not below what was run
-    # before the rise, and at once: with the rate back at 1 req/s within an interval, most of the way.
-    assert all(low[c] <= first_drop[c] < high[c] for c in high), (high, first_drop)
+    # Down to the highest target of the hold (the HPA's stabilisation window), never below what ran before
+    # the rise: each component's hold ends on its own, so the first change may move only one of them.
+    assert all(low[c] <= first_drop[c] <= high[c] for c in high), (high, first_drop)
+    assert any(first_drop[c] < high[c] for c in high), (high, first_drop)
 
     planned["prometheus"].stop()
     before = replicas(kubectl, namespace)
