@@ -17,7 +17,8 @@ the interval's latency percentiles cannot make (both phases land in one TTFT) co
 Bounds: it only adds (scale-down stays with the predictive loop, which holds before it removes), never
 more than half the pool's active replicas in one step, never past the pool's max, and it counts
 replicas still starting as if they served, so one shortage is answered once, not every tick while
-the new replicas start. Its result never goes below the predictive floor. Pure: plain data in and out.
+the new replicas start (and leaves a pool alone while none of its replicas serves yet). Its result
+never goes below the predictive floor. Pure: plain data in and out.
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ def react(
     own = capacity.lone_ttft_s(isl).value
     wait = prefill_wait_s(gauges, capacity, isl=isl, replicas=counted)
     slack = ttft_target_s - own
-    if wait > ttft_target_s and slack > 0:
+    # A pool with replicas asked for and none serving yet is already answered: its queue says nothing
+    # about how many more it needs (at a scale-up from zero it would only grow, tick after tick).
+    starting_only = {pool: gauges.ready.get(pool, 0) == 0 and replicas[pool] > 0 for pool in replicas}
+    if wait > ttft_target_s and slack > 0 and not starting_only["prefill"]:
         tokens_per_s = capacity.prefill_tokens_per_s(isl).value
         needed = math.ceil(gauges.prefill_queued_tokens / (slack * tokens_per_s) - 1e-9)
         new = _step(counted, needed, bounds["prefill"][1])
@@ -133,7 +137,7 @@ def react(
     # Replicas that would hold every sequence, running and waiting, as full as the serving ones are.
     needed = math.ceil(serving * (gauges.decode_running + gauges.decode_waiting)
                        / max(gauges.decode_running, 1.0) - 1e-9)
-    if (short_of_slots or itl > itl_target_s) and max(needed, serving + 1) > counted:
+    if (short_of_slots or itl > itl_target_s) and max(needed, serving + 1) > counted and not starting_only["decode"]:
         new = _step(counted, needed, bounds["decode"][1])
         if new > counted:
             why = (f"{gauges.decode_waiting:.0f} prefilled requests wait {slot_wait:.2f} s for a decode slot"

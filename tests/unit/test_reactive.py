@@ -150,3 +150,10 @@ def test_the_prefill_correction_blames_only_the_prefill_part_of_ttft() -> None:
     assert blind.corrections.prefill_offset_s > 7.0
     assert plan.corrections.prefill_offset_s < 0.1
     assert plan.replicas["prefill"] < blind.replicas["prefill"]
+
+
+def test_a_pool_whose_replicas_are_all_still_starting_is_left_to_them() -> None:
+    """Nothing serves yet and the queues grow: the starting replicas are the answer, not more of them."""
+    per_s = MODEL.prefill_tokens_per_s(ISL).value
+    cold = gauges(queued=50 * per_s, running=0, waiting=400, ready=(0, 0), starting=(2, 2))
+    assert not react(cold).changed
