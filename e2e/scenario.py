@@ -384,9 +384,9 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
                                interval_s=scenario.interval_s * k, startup_s=scenario.startup_s * k,
                                bounds={"prefill": bounds["prefill"], "decode": bounds["decode"]})
     start = {"prefill": bounds["prefill"][0], "decode": bounds["decode"][0]}
-    # The live planner runs no fast path yet: neither does its prediction.
+    # The planner as it runs live: the predictive loop and its fast path.
     policy = policies.Fleetpilot(setting, predict.make_predictor("constant"), predictor_name="constant",
-                                 headroom=0.1, initial=start, hold_s=scenario.hold_s * k, reactive=False)
+                                 headroom=0.1, initial=start, hold_s=scenario.hold_s * k)
     fleet = driver.RequestFleet(fleetsim.FleetConfig(timing=model, startup_s=scenario.startup_s * k),
                                 simulated, start)
     result = driver.run(fleet, policy, duration_s=scenario.duration_s * k, interval_s=scenario.interval_s * k,
