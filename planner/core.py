@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping
 
 from scipy import stats
@@ -209,11 +210,8 @@ def interval_corrections(
 
 def _median(values: tuple[float, ...] | list[float], default: float) -> float:
     """The median of the finite values, or `default` when there are none."""
-    finite = sorted(v for v in values if math.isfinite(v))
-    if not finite:
-        return default
-    middle = len(finite) // 2
-    return finite[middle] if len(finite) % 2 else (finite[middle - 1] + finite[middle]) / 2.0
+    finite = [v for v in values if math.isfinite(v)]
+    return statistics.median(finite) if finite else default
 
 
 def burstiness(burst_rate_rps: float, rate_rps: float, *, percentile: float) -> float:
@@ -344,8 +342,7 @@ def react(
         return reaction
     # Within the GPU budget the last interval was granted: take back the newest additions first.
     replicas = dict(reaction.replicas)
-    before = {pool: min(bounds[pool][1], max(floor[pool], gauges.active.get(pool, 0), bounds[pool][0]))
-              for pool in replicas}
+    before = reactive.baseline(gauges, floor=floor, bounds=bounds)
 
     def gpus() -> int:
         return sum(n * config.gpus_per_replica[pool] for pool, n in replicas.items())

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -62,7 +63,7 @@ SLA_TARGET = Gauge("fleetpilot_planner_sla_target_seconds", "The graph's SLA tar
 BINDING = Gauge("fleetpilot_planner_binding",
                 "1 for what set each component's replicas at the last decision (forecast, bounds, hold, step-limit, "
                 "budget, no-data, fast-path), 0 for the others.", ["namespace", "graph", "component", "reason"])
-BINDINGS: tuple[sizing.Binding, ...] = ("forecast", "bounds", "hold", "step-limit", "budget", "no-data", "fast-path")
+BINDINGS: tuple[sizing.Binding, ...] = typing.get_args(sizing.Binding)
 FAST_PATH = Counter("fleetpilot_planner_fast_path_scale_ups_total",
                     "Replicas the fast path added between intervals, by component.", ["namespace", "graph", "component"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])

@@ -86,6 +86,12 @@ def _step(active: int, needed: int, high: int) -> int:
     return min(high, most, max(needed, active + 1))
 
 
+def baseline(gauges: Gauges, *, floor: Mapping[Pool, int], bounds: Mapping[Pool, tuple[int, int]]) -> dict[Pool, int]:
+    """What the fast path starts from: the predictive floor or what is active, whichever is more, in bounds."""
+    return {pool: min(bounds[pool][1], max(floor[pool], gauges.active.get(pool, 0), bounds[pool][0]))
+            for pool in ("prefill", "decode")}
+
+
 def react(
     gauges: Gauges,
     capacity: capacities.CapacityModel,
@@ -102,10 +108,7 @@ def react(
     `floor` is what the predictive loop last decided; `bounds` each pool's (min, max). The result is
     at least the floor and at least what is active, within the max.
     """
-    replicas: dict[Pool, int] = {
-        pool: min(bounds[pool][1], max(floor[pool], gauges.active.get(pool, 0), bounds[pool][0]))
-        for pool in ("prefill", "decode")
-    }
+    replicas = baseline(gauges, floor=floor, bounds=bounds)
     reasons: list[str] = []
     changed = False
     if isl <= 0 or osl <= 0:

@@ -38,7 +38,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -273,9 +273,11 @@ class FleetSimulator:
     def window(self, start: float, end: float, *, percentile: float) -> WindowStats:
         """What the metrics say about [start, end); call it once the simulation has reached `end`."""
         arrivals = self._arrived_between(start, end)
-        ttfts = self._latencies(self._first_tokens, start, end, first_token=True)
-        prefills = self._latencies(self._prefills, start, end, first_token=True, prefill_only=True)
-        itls = self._latencies(self._finishes, start, end, first_token=False)
+        overhead = self.overhead_s
+        ttfts = self._latencies(self._first_tokens, start, end, lambda r: r.first_token - r.arrival + overhead)
+        prefills = self._latencies(self._prefills, start, end, lambda r: r.prefilled - r.arrival + overhead)
+        itls = self._latencies(self._finishes, start, end,
+                               lambda r: (r.finish - r.first_token) / (r.osl - 1) if r.osl > 1 else None)
         length = max(end - start, 1e-9)
         ready = {pool: self.ready(pool) for pool in FLEET_POOLS}
         busy = self._busy_between(start, end)
@@ -333,21 +335,18 @@ class FleetSimulator:
         lo, hi = np.searchsorted(self._arrival_times, [start, end], side="left")
         return self.records[int(lo):int(hi)]
 
-    def _latencies(self, log: list[tuple[float, int]], start: float, end: float, *, first_token: bool,
-                   prefill_only: bool = False) -> np.ndarray:
+    def _latencies(self, log: list[tuple[float, int]], start: float, end: float,
+                   latency: Callable[[_Record], float | None]) -> np.ndarray:
+        """`latency` of each request logged within [start, end) (None: it has none, e.g. one output token)."""
         values = []
         for t, index in reversed(log):  # the log is in time order; recent windows are at its end
             if t < start:
                 break
             if t >= end:
                 continue
-            r = self.records[index]
-            if prefill_only:
-                values.append(r.prefilled - r.arrival + self.overhead_s)
-            elif first_token:
-                values.append(r.first_token - r.arrival + self.overhead_s)
-            elif r.osl > 1:
-                values.append((r.finish - r.first_token) / (r.osl - 1))
+            value = latency(self.records[index])
+            if value is not None:
+                values.append(value)
         return np.array(values, dtype=float)
 
     def _burst_rate(self, start: float, end: float, percentile: float) -> float | None:
