@@ -138,7 +138,7 @@ class ClosedLoop:
         model = capacities.CapacityModel(self.profile())
         load = sizing.Load(rate_rps=max(rate_rps, 1e-6), isl=self.isl, osl=self.osl)
         target = api.SlaTarget(ttft_ms=self.ttft_ms, itl_ms=self.itl_ms, percentile=self.percentile)
-        desired = sizing.size(load, model, target, sizing.Corrections(), headroom=0.1)
+        desired = sizing.size(load, model, target, sizing.Corrections())
         return {c: desired.replicas[c] for c in COMPONENTS}
 
     def threshold_rps(self, component: str) -> float:
@@ -369,7 +369,7 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
     import loadgen  # e2e/ is on sys.path, as for every module here
 
     from fleetpilot import traces
-    from fleetpilot.planner import predict
+    from fleetpilot.planner import core, predict
     from fleetpilot.planner.backtest import driver, fleetsim, policies
 
     requests = loadgen.load_requests(trace, model="e2e-ramp", isl=scenario.isl, osl=scenario.osl,
@@ -386,7 +386,7 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
     start = {"prefill": bounds["prefill"][0], "decode": bounds["decode"][0]}
     # The planner as it runs live: the predictive loop and its fast path.
     policy = policies.Fleetpilot(setting, predict.make_predictor("constant"), predictor_name="constant",
-                                 headroom=0.1, initial=start, hold_s=scenario.hold_s * k)
+                                 risk=core.DEFAULT_RISK, initial=start, hold_s=scenario.hold_s * k)
     fleet = driver.RequestFleet(fleetsim.FleetConfig(timing=model, startup_s=scenario.startup_s * k),
                                 simulated, start)
     result = driver.run(fleet, policy, duration_s=scenario.duration_s * k, interval_s=scenario.interval_s * k,

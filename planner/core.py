@@ -7,6 +7,12 @@ history and scale-down timers) is plain data handed in and returned, never hidde
 
 Forecast horizon: a replica asked for now serves only after `startup_s`, so the planner sizes for
 the highest load forecast over the intervals until then, not just the next one.
+
+Risk: the planner sizes for the `risk` quantile of each load it forecasts (request rate, input
+tokens/s for prefill, output tokens/s for decode), each calibrated online (`conformal`) against what
+the load then was: at risk 0.9 it provisions for the load it expects to be exceeded one interval in
+ten, whatever the trace. One predictor fit per interval serves all three: the token loads are the
+rate forecast times the recent mean length, and their calibration learns how far lengths move too.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from scipy import stats
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import predict, reactive, sizing
+from fleetpilot.planner import conformal, predict, reactive, sizing
 
 HISTORY_LIMIT = 14 * 24 * 6  # two weeks of 10-minute intervals is all any predictor looks at
 # The profile's corrections are the median of the last intervals' estimates: one interval's latencies
@@ -32,6 +38,9 @@ CALIBRATION_INTERVALS = 10
 _SATURATED = 0.9
 # Below this modelled utilisation the busy share is too small to measure a speed from.
 _TOO_IDLE = 0.05
+# The loads the planner forecasts and calibrates: what each is in requests, tokens in or tokens out.
+LOADS = ("requests", "input_tokens", "output_tokens")
+DEFAULT_RISK = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +88,12 @@ class GraphPlanConfig:
     startup_s: float = 120.0
     hold_s: float = 300.0
     max_step_down: int | None = None  # None: down to the highest target of the hold, as the HPA does
-    headroom: float = 0.1
+    risk: float = DEFAULT_RISK  # the forecast quantile to size for (spec.planner.risk)
     reactive_period_s: float | None = 5.0  # how often the fast path runs between intervals; None: never
+
+    def __post_init__(self) -> None:
+        if not 0 < self.risk < 1:
+            raise ValueError(f"risk must lie in (0, 1), got {self.risk}")
 
     @property
     def disaggregated(self) -> bool:
@@ -107,7 +120,28 @@ def config_from_spec(spec: api.DynamoGraphSpec, *, startup_s: float = 120.0, hol
         gpu_budget=planner.gpu_budget,
         startup_s=startup_s,
         hold_s=hold_s if hold_s is not None else 5 * planner.interval_seconds,
+        risk=planner.risk,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingForecast:
+    """A rate forecast made at an earlier interval, kept until its steps have been realised, with the
+    lengths that turned it into token loads."""
+
+    rate_mean: tuple[float, ...]
+    rate_spread: tuple[float, ...]
+    isl: float
+    osl: float
+
+    def load(self, name: str, step: int) -> tuple[float, float]:
+        """(mean, spread) of load `name` at `step` (0-based)."""
+        length = _length(name, self.isl, self.osl)
+        return self.rate_mean[step] * length, self.rate_spread[step] * length
+
+
+def _length(name: str, isl: float, osl: float) -> float:
+    return {"requests": 1.0, "input_tokens": isl, "output_tokens": osl}[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +155,12 @@ class GraphMemory:
     forecast_for_now: float | None = None  # last interval's forecast of this interval's rate
     calibration: tuple[sizing.Corrections, ...] = ()  # the last intervals' estimates (NaN: not measured)
     bursts: tuple[float, ...] = ()  # the last intervals' `burstiness` (≥ 1)
+    pending: tuple[PendingForecast, ...] = ()  # the last horizon's forecasts, newest last
+    forecast_calibration: Mapping[str, conformal.Calibration] = dataclasses.field(default_factory=dict)  # per load
+
+    def coverage(self) -> dict[str, dict[float, float]]:
+        """Per load, per tracked quantile, the recent share of outcomes the calibrated quantile covered."""
+        return {name: dict(conformal.coverages(cal)) for name, cal in self.forecast_calibration.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +174,7 @@ class Plan:
     predicted: sizing.Load | None = None
     corrections: sizing.Corrections = dataclasses.field(default_factory=sizing.Corrections)
     forecast_error: float | None = None  # |forecast - observed| / observed, for the previous forecast
+    coverage: Mapping[str, Mapping[float, float]] = dataclasses.field(default_factory=dict)  # GraphMemory.coverage
     predictor: str = ""
     wanted_gpus: int | None = None  # what the decision would use with no budget: its claim on a shared one
     binding: Mapping[sizing.Pool, sizing.Binding] = dataclasses.field(default_factory=dict)  # what set each pool
@@ -234,6 +275,36 @@ def calibrated(estimates: tuple[sizing.Corrections, ...]) -> sizing.Corrections:
                               median("prefill_offset_s", 0.0), median("decode_offset_s", 0.0))
 
 
+def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: float) -> GraphMemory:
+    """Score the pending forecasts against this interval's loads (pure): each pending forecast made k
+    intervals ago meets its step k − 1; the calibration of each load takes every outcome in turn."""
+    levels = (*conformal.REPORTED_LEVELS, risk)
+    calibrations = dict(memory.forecast_calibration)
+    for index, pending in enumerate(memory.pending):  # oldest first: outcomes in the order they were forecast
+        age = len(memory.pending) - 1 - index
+        if age >= len(pending.rate_mean):
+            continue
+        for name in LOADS:
+            mean, spread = pending.load(name, age)
+            realised = rate * _length(name, isl or pending.isl, osl or pending.osl)
+            calibrations[name] = conformal.update(calibrations.get(name, conformal.Calibration()),
+                                                  mean, spread, realised, levels)
+    return dataclasses.replace(memory, forecast_calibration=calibrations)
+
+
+def load_at_risk(forecast: predict.Forecast, memory: GraphMemory, *, isl: float, osl: float, risk: float,
+                 burst: float) -> sizing.Load:
+    """The load to size for: per load, the highest calibrated `risk` quantile over the horizon, in
+    requests/s of the mean prompt (prefill) and of the mean output (decode)."""
+    def peak(name: str) -> float:
+        calibration = memory.forecast_calibration.get(name, conformal.Calibration())
+        length = _length(name, isl, osl)
+        return max(conformal.quantile(calibration, m * length, forecast.spread(step) * length, risk)
+                   for step, m in enumerate(forecast.mean)) / length
+    return sizing.Load(rate_rps=peak("input_tokens"), isl=isl, osl=osl, burst=burst,
+                       decode_rate_rps=peak("output_tokens"))
+
+
 def min_gpus(config: GraphPlanConfig) -> int:
     return sum(bound.min_replicas * config.gpus_per_replica[pool] for pool, bound in config.bounds.items())
 
@@ -268,6 +339,7 @@ def plan_interval(
         return plan, dataclasses.replace(memory, scale_down=decision.state)
 
     rate = float(observation.rate_rps or 0.0)
+    memory = realise(memory, rate=rate, isl=observation.isl or 0.0, osl=observation.osl or 0.0, risk=config.risk)
     memory = dataclasses.replace(
         memory,
         rates=_append(memory.rates, rate),
@@ -281,20 +353,21 @@ def plan_interval(
     forecaster = predictor if predictor is not None else predict.make_predictor(config.predictor)
     forecast = forecaster.forecast(
         memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s)
-    peak_rate = max(max(forecast.mean), 0.0)
-    isl, osl = recent_mean(memory.isls), recent_mean(memory.osls)
+    isl, osl = max(recent_mean(memory.isls), 1.0), max(recent_mean(memory.osls), 1.0)
     if observation.burst_rate_rps is not None and rate > 0:
         excess = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
         memory = dataclasses.replace(memory, bursts=(*memory.bursts, excess)[-CALIBRATION_INTERVALS:])
     burst = _median(memory.bursts, 1.0)
-    load = sizing.Load(rate_rps=peak_rate, isl=max(isl, 1.0), osl=max(osl, 1.0), burst=burst)
+    load = load_at_risk(forecast, memory, isl=isl, osl=osl, risk=config.risk, burst=burst)
+    pending = PendingForecast(forecast.mean, tuple(forecast.spread(i) for i in range(len(forecast.mean))), isl, osl)
+    memory = dataclasses.replace(memory, pending=(*memory.pending, pending)[-config.horizon_steps:])
     estimate = interval_corrections(config, capacity, observation, ready if ready is not None else current)
     memory = dataclasses.replace(memory, calibration=(*memory.calibration, estimate)[-CALIBRATION_INTERVALS:])
     corrections = calibrated(memory.calibration)
     if config.disaggregated:
-        desired = sizing.size(load, capacity, config.sla, corrections, headroom=config.headroom)
+        desired = sizing.size(load, capacity, config.sla, corrections)
     else:
-        desired = sizing.size_aggregated(load, capacity, config.sla, corrections, headroom=config.headroom)
+        desired = sizing.size_aggregated(load, capacity, config.sla, corrections)
     def constrained(budget: int | None) -> sizing.Decision:
         return sizing.constrain(
             desired, current=current, bounds=config.bounds, gpus_per_replica=config.gpus_per_replica,
@@ -309,7 +382,7 @@ def plan_interval(
     plan = Plan(
         replicas=decision.replicas, reasons=[desired.reason, *decision.reasons], data_ok=True, observed=observation,
         predicted=load, corrections=corrections, forecast_error=forecast_error, predictor=used, wanted_gpus=wanted,
-        binding=decision.binding,
+        binding=decision.binding, coverage=memory.coverage(),
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast)

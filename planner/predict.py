@@ -2,9 +2,9 @@
 
 Each interval the planner hands a predictor the recent history of one observed series (request
 rate, mean ISL or OSL, one value per planner interval) and asks for the next `steps` values, enough
-to cover the time a new replica needs to become ready. Sizing then provisions for the forecast (or
-its upper bound), so a forecast that lags a daily ramp costs SLA misses and one that overshoots
-costs GPUs. The same functions run live (history from Prometheus) and in replay (history from a
+to cover the time a new replica needs to become ready. Sizing then provisions for a quantile of the
+forecast distribution (`Forecast.scale`, corrected online by `conformal`), so a forecast that lags a
+daily ramp costs SLA misses and one that overshoots costs GPUs. The same functions run live (history from Prometheus) and in replay (history from a
 trace, thousands of times per backtest), so they are pure: plain numbers in, a `Forecast` out, no
 I/O, no clock, no state the caller can observe. (Prophet runs its Stan optimiser as a subprocess
 with temporary files, and its first use turns Prophet's and cmdstanpy's loggers down to WARNING;
@@ -80,11 +80,15 @@ PROPHET_SECONDS_PER_POINT: Final = 2.0e-4
 
 @dataclasses.dataclass(frozen=True)
 class Forecast:
-    """The next `len(mean)` values of a series, one per step, and a central interval around them.
+    """The next `len(mean)` values of a series, one per step, as a distribution: mean and spread.
 
-    `lower`/`upper` bound the interval at the predictor's `coverage` (80% by default): sizing for
-    `upper` trades GPUs for headroom. `predictor` names what produced the numbers; `fallback` is set
-    when that is not the predictor that was asked for, with the reason.
+    `scale` is the model's own standard deviation of each step's error (ARIMA's and the Kalman
+    filter's forecast variance, the residual model's for Prophet, the spread of recent changes for
+    `Constant`); `quantile` reads the model's Gaussian quantiles off it. The model's word on its own
+    uncertainty is only a starting point: `conformal` corrects it online to what the realised load
+    says. `lower`/`upper` bound the central interval at the predictor's `coverage` (80% by default).
+    `predictor` names what produced the numbers; `fallback` is set when that is not the predictor
+    that was asked for, with the reason.
     """
 
     mean: tuple[float, ...]
@@ -92,12 +96,26 @@ class Forecast:
     upper: tuple[float, ...]
     predictor: str
     fallback: str | None = None
+    scale: tuple[float, ...] = ()  # empty: no spread known (every quantile is the mean)
 
     def __post_init__(self) -> None:
         if not len(self.mean) == len(self.lower) == len(self.upper):
             raise ValueError(
                 f"forecast lengths differ: mean {len(self.mean)}, lower {len(self.lower)}, upper {len(self.upper)}"
             )
+        if self.scale and len(self.scale) != len(self.mean):
+            raise ValueError(f"forecast lengths differ: mean {len(self.mean)}, scale {len(self.scale)}")
+
+    def spread(self, step: int) -> float:
+        """The standard deviation of step `step`'s error (0-based), 0 when the model gave none."""
+        return self.scale[step] if self.scale else 0.0
+
+    def quantile(self, q: float) -> tuple[float, ...]:
+        """The model's (uncalibrated) q-quantile of each step, Gaussian, clipped at 0; monotone in q."""
+        if not 0 < q < 1:
+            raise ValueError(f"quantile level must lie in (0, 1), got {q}")
+        z = statistics.NormalDist().inv_cdf(q)
+        return tuple(max(0.0, m + z * self.spread(i)) for i, m in enumerate(self.mean))
 
 
 class Predictor(Protocol):
@@ -199,22 +217,25 @@ def _check_options(*, coverage: float, min_points: int, max_fit_seconds: float, 
         raise ValueError(f"maxiter must be at least 1, got {maxiter}")
 
 
-def _finish(mean: FloatArray, lower: FloatArray, upper: FloatArray, *, predictor: str,
+def _finish(mean: FloatArray, se: FloatArray, *, coverage: float, predictor: str,
             fallback: str | None = None) -> Forecast:
-    """Clip at 0 (rates and token counts cannot be negative) and order the interval around the mean."""
+    """The central interval at `coverage` from the standard error, everything clipped at 0 (rates
+    and token counts cannot be negative) and ordered around the mean."""
+    se = np.maximum(se, 0.0)
+    half_width = _z(coverage) * se
+    lower = np.clip(mean - half_width, 0.0, np.maximum(mean, 0.0))
+    upper = np.maximum(mean + half_width, 0.0)
     mean = np.maximum(mean, 0.0)
-    lower = np.clip(lower, 0.0, mean)
-    upper = np.maximum(upper, mean)
     return Forecast(mean=tuple(mean.tolist()), lower=tuple(lower.tolist()), upper=tuple(upper.tolist()),
-                    predictor=predictor, fallback=fallback)
+                    predictor=predictor, fallback=fallback, scale=tuple(se.tolist()))
 
 
 class _FitFailed(Exception):
     """A fit finished but its answer must not be used: the optimiser did not converge."""
 
 
-# (mean, lower, upper) in the units of the history, before clipping.
-_Fitted = tuple[FloatArray, FloatArray, FloatArray]
+# (mean, standard error) per step in the units of the history, before clipping.
+_Fitted = tuple[FloatArray, FloatArray]
 
 
 def _guarded(name: str, history: Sequence[float], *, steps: int, step_seconds: float, min_points: int,
@@ -242,18 +263,18 @@ def _guarded(name: str, history: Sequence[float], *, steps: int, step_seconds: f
         # process-wide filter list: fine for the planner, which forecasts one series at a time.)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mean, lower, upper = (part * scale for part in fit(values / scale))
+            mean, se = (part * scale for part in fit(values / scale))
     except _FitFailed as error:
         return fall_back(str(error))
     # Deliberately broad: numerical libraries raise a zoo (LinAlgError, ValueError, RuntimeError from
     # the Stan subprocess, ...), and any of them must cost one interval's accuracy, not the planner.
     except Exception as error:  # noqa: BLE001
         return fall_back(f"fit failed: {type(error).__name__}: {error}")
-    if not (np.isfinite(mean).all() and np.isfinite(lower).all() and np.isfinite(upper).all()):
+    if not (np.isfinite(mean).all() and np.isfinite(se).all()):
         return fall_back("fit produced non-finite values")
-    if len(mean) != steps:
+    if len(mean) != steps or len(se) != steps:
         return fall_back(f"fit produced {len(mean)} values for {steps} steps")
-    return _finish(mean, lower, upper, predictor=name)
+    return _finish(mean, se, coverage=coverage, predictor=name)
 
 
 def _fit_converged(model: Any, *, maxiter: int) -> Any:
@@ -307,14 +328,13 @@ def _constant(values: FloatArray, *, steps: int, settings: Constant, fallback: s
     if len(values) == 0:
         zeros = np.zeros(steps)
         reason = "no finite observations, forecasting 0"
-        return _finish(zeros, zeros, zeros, predictor=Constant.name,
+        return _finish(zeros, zeros, coverage=settings.coverage, predictor=Constant.name,
                        fallback=f"{fallback}; {reason}" if fallback else f"constant: {reason}")
     level = float(np.mean(values[-settings.window:]))
     changes = np.diff(values[-settings.spread_window:])
     spread = float(np.std(changes, ddof=1)) if len(changes) >= 2 else 0.0
-    half_width = _z(settings.coverage) * spread * np.sqrt(np.arange(1, steps + 1))
-    mean = np.full(steps, level)
-    return _finish(mean, mean - half_width, mean + half_width, predictor=Constant.name, fallback=fallback)
+    se = spread * np.sqrt(np.arange(1, steps + 1))
+    return _finish(np.full(steps, level), se, coverage=settings.coverage, predictor=Constant.name, fallback=fallback)
 
 
 class _FittedPredictor:
@@ -378,9 +398,7 @@ class Arima(_FittedPredictor):
         model = sarimax.SARIMAX(y - seasonal[:n], order=self.order, trend="n", concentrate_scale=True)
         results = _fit_converged(model, maxiter=self.maxiter)
         ahead = results.get_forecast(steps)
-        interval = np.asarray(ahead.conf_int(alpha=1 - self.coverage), dtype=np.float64)
-        future = seasonal[n:]
-        return np.asarray(ahead.predicted_mean) + future, interval[:, 0] + future, interval[:, 1] + future
+        return np.asarray(ahead.predicted_mean) + seasonal[n:], np.asarray(ahead.se_mean, dtype=np.float64)
 
 
 # The trends of statsmodels' UnobservedComponents that have a level that can move.
@@ -421,8 +439,7 @@ class Kalman(_FittedPredictor):
         model = structural.UnobservedComponents(y, level=self.trend, freq_seasonal=seasonals or None)
         results = _fit_converged(model, maxiter=self.maxiter)
         ahead = results.get_forecast(steps)
-        interval = np.asarray(ahead.conf_int(alpha=1 - self.coverage), dtype=np.float64)
-        return np.asarray(ahead.predicted_mean), interval[:, 0], interval[:, 1]
+        return np.asarray(ahead.predicted_mean), np.asarray(ahead.se_mean, dtype=np.float64)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -474,14 +491,12 @@ class ProphetPredictor(_FittedPredictor):
         future = fitted[n:]
         if self.residual_order is None:
             residuals = y - fitted[:n]
-            half_width = _z(self.coverage) * float(np.std(residuals, ddof=1)) * np.ones(steps)
-            return future, future - half_width, future + half_width
+            return future, float(np.std(residuals, ddof=1)) * np.ones(steps)
         residual_model = sarimax.SARIMAX(y - fitted[:n], order=self.residual_order, trend="n",
                                          concentrate_scale=True)
         results = _fit_converged(residual_model, maxiter=50)
         ahead = results.get_forecast(steps)
-        interval = np.asarray(ahead.conf_int(alpha=1 - self.coverage), dtype=np.float64)
-        return np.asarray(ahead.predicted_mean) + future, interval[:, 0] + future, interval[:, 1] + future
+        return np.asarray(ahead.predicted_mean) + future, np.asarray(ahead.se_mean, dtype=np.float64)
 
 
 def _stan_hit_iteration_cap(model: Any) -> bool:

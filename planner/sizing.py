@@ -44,8 +44,11 @@ _EPSILON = 1e-9
 
 @dataclasses.dataclass(frozen=True)
 class Load:
-    """What the pools must serve next interval: request rate and mean input/output lengths.
+    """What the pools must serve next interval: request rates and mean input/output lengths.
 
+    `rate_rps` is the rate prefill must take: the quantile of the input-token load the planner sizes
+    for, in requests of the mean prompt. `decode_rate_rps` is decode's, from the output-token load
+    (None: the same rate); the two differ because prompt and output lengths vary on their own.
     `burst`: how much faster than `rate_rps` requests arrive over a few seconds, as the SLA
     percentile's request sees it (1: as steady as Poisson at that rate). Prefill serves a burst at its
     rate: a prompt queued behind seconds of one waits past any TTFT target. Decode spreads each
@@ -56,9 +59,10 @@ class Load:
     isl: float
     osl: float
     burst: float = 1.0
+    decode_rate_rps: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("rate_rps", "isl", "osl"):
+        for name in ("rate_rps", "isl", "osl", "decode_rps"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"Load.{name} must be a finite number ≥ 0, got {value}")
@@ -68,6 +72,21 @@ class Load:
     @property
     def prefill_rate_rps(self) -> float:
         return self.rate_rps * self.burst
+
+    @property
+    def decode_rps(self) -> float:
+        return self.rate_rps if self.decode_rate_rps is None else self.decode_rate_rps
+
+    @property
+    def idle(self) -> bool:
+        return self.rate_rps == 0 and self.decode_rps == 0
+
+    def words(self) -> str:
+        """'R req/s at ISL I, OSL O', naming decode's rate when it differs."""
+        rates = f"{self.rate_rps:.3g} req/s"
+        if abs(self.decode_rps - self.rate_rps) > 1e-3 * max(self.rate_rps, 1e-9):
+            rates = f"{self.rate_rps:.3g} req/s of prompts, {self.decode_rps:.3g} of outputs"
+        return f"{rates} at ISL {self.isl:.0f}, OSL {self.osl:.0f}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,11 +156,6 @@ class Desired(_ReplicasByPool):
 # -- step 3: size ----------------------------------------------------------------------------------------
 
 
-def _check_headroom(headroom: float) -> None:
-    if not 0.0 <= headroom < 1.0:
-        raise ValueError(f"headroom must lie in [0, 1), got {headroom}")
-
-
 def _replicas_for(need: float) -> int:
     """Whole replicas for a fractional need: the ceiling, at least 1 for any need at all."""
     if need <= 0:
@@ -202,7 +216,7 @@ def _decode_need(
         # Nothing the profile knows serves this context (it does not fit one replica's KV cache):
         # more replicas cannot help, so ask for one and say why.
         return _PhaseNeed(1.0, f"{cap.reason}; no replica count helps")
-    return _PhaseNeed(load.rate_rps / per_replica, how, cap.extrapolated)
+    return _PhaseNeed(load.decode_rps / per_replica, how, cap.extrapolated)
 
 
 def _factor_words(name: str, raw: float) -> tuple[float, str]:
@@ -219,35 +233,30 @@ def size(
     sla: v1alpha1.SlaTarget,
     corrections: Corrections = Corrections(),
     *,
-    headroom: float,
     decode_capacity: capacities.CapacityModel | None = None,
 ) -> Desired:
     """Replicas of a disaggregated graph's prefill and decode pools for `load`.
 
-    Each pool needs ceil(rate / (per-replica rate × (1 − headroom))) replicas, at least 1 when there
-    is any load: prefill from the requests/s one replica sustains within the TTFT target at the SLA
+    Each pool needs ceil(rate / per-replica rate) replicas, at least 1 when there is any load: prefill from the requests/s one replica sustains within the TTFT target at the SLA
     percentile, decode from the requests/s that keep ITL under target at the mean context, each read
     off the profile as the corrections say the fleet differs from it (at (target − offset) / factor,
-    then divided by the factor).
-    `headroom` is the share of each replica's SLA-safe rate kept free for forecast error and bursts.
+    then divided by the factor). There is no headroom: the margin for forecast error is in the load
+    (a calibrated quantile, `conformal`) and the margin for bursts in `load.burst`.
     `decode_capacity` is the decode pool's own model when it runs another parallelism than prefill.
     When a target is out of reach whatever the replica count, the pool is sized for the best latency
     the profile allows and the reason says the target will be missed.
     """
-    _check_headroom(headroom)
     decode_model = decode_capacity or capacity
-    if load.rate_rps == 0:
+    if load.idle:
         return Desired({"prefill": 0, "decode": 0}, "no load predicted: no replicas needed beyond the minimums")
-    spare = 1.0 - headroom
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
     prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s)
     decode = _decode_need(load, decode_model, sla, d_factor, corrections.decode_offset_s)
-    p_replicas = _replicas_for(prefill.replicas / spare)
-    d_replicas = _replicas_for(decode.replicas / spare)
-    room = f" with {headroom:.0%} headroom" if headroom else ""
+    p_replicas = _replicas_for(prefill.replicas)
+    d_replicas = _replicas_for(decode.replicas)
     reason = (
-        f"{load.rate_rps:.3g} req/s at ISL {load.isl:.0f}, OSL {load.osl:.0f}{room}: "
+        f"{load.words()}: "
         f"prefill {p_replicas} ({prefill.words(p_words)}), decode {d_replicas} ({decode.words(d_words)})"
     )
     return Desired({"prefill": p_replicas, "decode": d_replicas}, reason)
@@ -258,28 +267,24 @@ def size_aggregated(
     capacity: capacities.CapacityModel,
     sla: v1alpha1.SlaTarget,
     corrections: Corrections = Corrections(),
-    *,
-    headroom: float,
 ) -> Desired:
     """Replicas of an aggregated pool, whose workers both prefill and decode.
 
     A replica's time is shared between the two phases, so its needs add up: with the prefill and
     decode needs computed as in `size` (each from the same profile, each with its own correction),
-    the pool needs ceil((prefill need + decode need) / (1 − headroom)) replicas. Conservative: an
+    the pool needs ceil(prefill need + decode need) replicas. Conservative: an
     engine with chunked prefill rides prompts on decode steps and does better than time-sharing,
     which the corrections (down to CORRECTION_MIN) can then win back.
     """
-    _check_headroom(headroom)
-    if load.rate_rps == 0:
+    if load.idle:
         return Desired({"aggregated": 0}, "no load predicted: no replicas needed beyond the minimum")
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
     prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s)
     decode = _decode_need(load, capacity, sla, d_factor, corrections.decode_offset_s)
-    replicas = _replicas_for((prefill.replicas + decode.replicas) / (1.0 - headroom))
-    room = f" with {headroom:.0%} headroom" if headroom else ""
+    replicas = _replicas_for(prefill.replicas + decode.replicas)
     reason = (
-        f"{load.rate_rps:.3g} req/s at ISL {load.isl:.0f}, OSL {load.osl:.0f}{room}: aggregated {replicas} = "
+        f"{load.words()}: aggregated {replicas} = "
         f"prefill share {prefill.replicas:.2f} ({prefill.words(p_words)}) + decode share "
         f"{decode.replicas:.2f} ({decode.words(d_words)})"
     )

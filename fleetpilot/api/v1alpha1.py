@@ -233,6 +233,12 @@ class PlannerSpec(ApiModel):
     sla: SlaTarget | None = None
     predictor: Literal["constant", "arima", "prophet", "kalman"] = "arima"
     interval_seconds: int = Field(default=60, ge=10, le=3600)
+    risk: float = Field(
+        default=0.9, ge=0.5, le=0.999,
+        description=("The forecast quantile the planner sizes for: at 0.9 it provisions for the load it expects "
+                     "to be exceeded one interval in ten (0.99: one in a hundred, more GPUs). Calibrated online "
+                     "against the load that came, so it means the same on any traffic."),
+    )
     gpu_budget: int | None = Field(default=None, ge=1, description="Most GPUs the planner may use for this graph.")
     budget: str | None = Field(
         default=None, pattern=DNS1035_LABEL, max_length=63,

@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--graph", type=parse_graph, action="append", default=[],
                        metavar="NAME=TRACE[,priority=P][,rate=X]", help="a graph sharing the one --gpu-budget NAME=GPUS with the others (repeatable; "
                             "instead of --trace): the planner on each under the budget, and on each alone")
-    group.add_argument("--headroom", type=float, default=0.1, help="the planner's headroom with --graph")
+    group.add_argument("--risk", type=float, default=0.9, help="the forecast quantile the planner sizes for with --graph")
     group.add_argument("--profile", help="profile JSON, or a Dynamo CSV pair's common prefix")
     group.add_argument("--sla", type=parse_sla, default=None, help="e.g. ttft=500ms,itl=50ms,p=90")
     group.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
@@ -214,7 +214,7 @@ def _run_budget(args: argparse.Namespace, profile: Any, predictor: str) -> int:
         print(f"{graph.name} (priority {graph.priority}): {scenario.description}; {scenario.fidelity} fleet model",
               flush=True)
         graphs.append(evaluate.BudgetGraph(scenario, graph.priority))
-    result = evaluate.run_budget(graphs, budget=int(gpus), predictor=predictor, headroom=args.headroom)
+    result = evaluate.run_budget(graphs, budget=int(gpus), predictor=predictor, risk=args.risk)
     _print_budget_table(result, budget_name)
     args.out.mkdir(parents=True, exist_ok=True)
     drawn = {"GPUs per graph": "budget.png"} if evaluate.plot_budget(result, args.out / "budget.png") else {}

@@ -37,7 +37,7 @@ KNOBS: dict[str, tuple[float, ...]] = {
     "hpa": (0.9, 0.7, 0.5, 0.35, 0.25, 0.15),
     "dynamo": (1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
     "dynamo-v1": (1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
-    "fleetpilot": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.65),
+    "fleetpilot": (0.5, 0.7, 0.8, 0.9, 0.95, 0.99),
     "oracle": (0.6, 0.75, 0.85, 0.9, 0.95, 0.99, 1.0),
 }
 # How a sweep goes one step leaner or one step more generous than its ends, to bracket the target
@@ -48,7 +48,7 @@ _LEANER: dict[str, Callable[[float], float | None]] = {
     "hpa": lambda k: k + (1.0 - k) / 2 if k < 0.98 else None,
     "dynamo": lambda k: k / 1.5 if k > 0.1 else None,
     "dynamo-v1": lambda k: k / 1.5 if k > 0.1 else None,
-    "fleetpilot": lambda k: max(0.0, k - 0.1) if k > 0 else None,  # headroom lies in [0, 1)
+    "fleetpilot": lambda k: max(0.5, 1 - 2 * (1 - k)) if k > 0.5 else None,  # risk lies in [0.5, 0.999] (the API's range)
     "oracle": lambda k: k - 0.2 if k > 0.25 else None,
 }
 _DEARER: dict[str, Callable[[float], float | None]] = {
@@ -57,7 +57,7 @@ _DEARER: dict[str, Callable[[float], float | None]] = {
     "hpa": lambda k: k / 1.5 if k > 0.02 else None,
     "dynamo": lambda k: k * 1.5 if k < 50 else None,
     "dynamo-v1": lambda k: k * 1.5 if k < 50 else None,
-    "fleetpilot": lambda k: min(0.95, k + 0.15) if k < 0.95 else None,
+    "fleetpilot": lambda k: min(0.999, 1 - (1 - k) / 2) if k < 0.999 else None,
     "oracle": lambda k: None,  # 1.0: every servable request of every window
 }
 # Resolution of the arrivals a fluid run of a request trace sees within each step: prompts queue on
@@ -67,7 +67,7 @@ FLUID_SUB_STEP_S = 0.5
 MAX_EXTENSIONS = 3  # steps a sweep may take past each end of its knob list
 
 KNOB_NAMES = {"static-peak": "load factor", "static-mean": "load factor", "hpa": "target utilisation",
-              "dynamo": "load factor", "dynamo-v1": "load factor", "fleetpilot": "headroom",
+              "dynamo": "load factor", "dynamo-v1": "load factor", "fleetpilot": "risk",
               "oracle": "share of each window's requests sized for"}
 
 
@@ -337,7 +337,7 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
         memo = policies.MemoPredictor(predict.make_predictor(name))
         chosen = memo
         def factory(k: float) -> policies.Policy:
-            return policies.Fleetpilot(setting, chosen, predictor_name=name, headroom=k, initial=start,
+            return policies.Fleetpilot(setting, chosen, predictor_name=name, risk=k, initial=start,
                                        reactive=fast_path)
         values = knobs["fleetpilot"]
     elif group == "oracle":
@@ -439,22 +439,22 @@ class BudgetResult:
     shared: driver.SharedRun
     alone: Mapping[str, driver.RunResult]
     predictor: str
-    headroom: float
+    risk: float
 
 
-def _budget_graph(graph: BudgetGraph, *, predictor: str, headroom: float) -> driver.SharedGraph:
+def _budget_graph(graph: BudgetGraph, *, predictor: str, risk: float) -> driver.SharedGraph:
     scenario = graph.scenario
     # A fleet that was right for the start of the trace, as the planner sizes (for the peak of the
     # intervals until a new replica is ready): the comparison is about sharing, not a cold start.
     start = policies.static_replicas(scenario.setting, scenario.loads[:scenario.horizon + 1], level="peak",
                                      factor=1.0)
     policy = policies.Fleetpilot(scenario.setting, predict.make_predictor(predictor), predictor_name=predictor,
-                                 headroom=headroom, initial=start)
+                                 risk=risk, initial=start)
     return driver.SharedGraph(scenario.name, graph.priority, scenario.make_fleet(policy.initial()), policy)
 
 
 def run_budget(graphs: Sequence[BudgetGraph], *, budget: int, predictor: str = "constant",
-               headroom: float = 0.1) -> BudgetResult:
+               risk: float = 0.9) -> BudgetResult:
     """fleetpilot's planner on every graph under one shared GPU budget (`driver.run_shared`), and on each
     graph alone with no budget. The graphs share the planning interval; the run lasts the longest trace."""
     intervals = {graph.scenario.setting.interval_s for graph in graphs}
@@ -462,21 +462,21 @@ def run_budget(graphs: Sequence[BudgetGraph], *, budget: int, predictor: str = "
         raise ValueError(f"graphs sharing a budget must share the planning interval, got {sorted(intervals)}")
     interval_s = intervals.pop()
     duration_s = max(graph.scenario.duration_s for graph in graphs)
-    shared = driver.run_shared([_budget_graph(g, predictor=predictor, headroom=headroom) for g in graphs],
+    shared = driver.run_shared([_budget_graph(g, predictor=predictor, risk=risk) for g in graphs],
                                budget=budget, duration_s=duration_s, interval_s=interval_s)
     alone = {}
     for graph in graphs:
-        solo = _budget_graph(graph, predictor=predictor, headroom=headroom)
+        solo = _budget_graph(graph, predictor=predictor, risk=risk)
         alone[solo.name] = driver.run(solo.fleet, solo.policy, duration_s=duration_s, interval_s=interval_s,
                                       sla=graph.scenario.sla)
-    return BudgetResult(tuple(graphs), shared, alone, predictor, headroom)
+    return BudgetResult(tuple(graphs), shared, alone, predictor, risk)
 
 
 def budget_markdown(result: BudgetResult, *, png: Mapping[str, str]) -> str:
     """The shared-budget backtest's table: per graph, under the budget against alone."""
     shared = result.shared
     lines = [f"## Shared GPU budget: {shared.budget} GPUs", "",
-             (f"fleetpilot-{result.predictor} (headroom {result.headroom:g}) on every graph; each interval a graph "
+             (f"fleetpilot-{result.predictor} (risk {result.risk:g}) on every graph; each interval a graph "
               "is granted its share of the budget from every graph's latest claim (minimums first, then by "
               "priority), as the live planner grants it. \"alone\" is the same graph with no budget."), ""]
     lines += [("| graph | priority | trace | attainment (shared / alone) | GPU-hours (shared / alone) "

@@ -10,7 +10,7 @@ aggressiveness knob, so that a sweep can draw its cost–attainment curve:
 | `hpa` | Kubernetes' HPA formula on utilisation (prefill busy share, decode KV usage), 300 s down-stabilisation, 10% tolerance | target utilisation |
 | `dynamo` | NVIDIA Dynamo's planner as documented today: a predictive throughput loop every 180 s sets a floor, a load loop every 5 s steps ±1 replica on the engines' queues | load factor on the forecast |
 | `dynamo-v1` | Dynamo's earlier throughput-only planner: mean TTFT/ITL corrections (prefill capped at 1), next-interval forecast, no hold | load factor |
-| `fleetpilot-<predictor>` | the real planner core: `core.plan_interval` every interval, `core.react` every 5 s between (`-predictive`: without it) | headroom |
+| `fleetpilot-<predictor>` | the real planner core: `core.plan_interval` every interval, `core.react` every 5 s between (`-predictive`: without it) | risk (the calibrated forecast quantile sized for) |
 | `oracle` | perfect foresight: the fewest replicas per window with which a share of its requests meets the SLA, asked for a startup time ahead | that share |
 
 Pure: no I/O and no clock. The oracle's per-window needs are computed by the caller (it needs the
@@ -134,7 +134,7 @@ def static_replicas(setting: Setting, loads: Sequence[IntervalLoad], *, level: s
             isl=sum(load.rate_rps * load.isl for load in busy) / total,
             osl=sum(load.rate_rps * load.osl for load in busy) / total,
         )
-    desired = sizing.size(load, setting.capacity, setting.sla, headroom=0.0)
+    desired = sizing.size(load, setting.capacity, setting.sla)
     return setting.clamp({"prefill": desired.replicas["prefill"], "decode": desired.replicas["decode"]})
 
 
@@ -403,10 +403,10 @@ class Fleetpilot(Base):
     calls the live planner makes. `reactive=False` runs the predictive loop alone (the comparison the
     report makes); the policy is then named `fleetpilot-<predictor>-predictive`."""
 
-    def __init__(self, setting: Setting, predictor: predict.Predictor, *, predictor_name: str, headroom: float,
+    def __init__(self, setting: Setting, predictor: predict.Predictor, *, predictor_name: str, risk: float,
                  initial: Mapping[FleetPool, int], hold_s: float | None = None, reactive: bool = True) -> None:
         self.name = f"fleetpilot-{predictor_name}" + ("" if reactive else "-predictive")
-        self.knob = headroom
+        self.knob = risk
         self.predictor = predictor
         self.setting = setting
         self.config = core.GraphPlanConfig(
@@ -415,7 +415,7 @@ class Fleetpilot(Base):
                     for pool, (lo, hi) in setting.bounds.items()},
             gpus_per_replica=dict.fromkeys(FLEET_POOLS, 1),
             startup_s=setting.startup_s, hold_s=hold_s if hold_s is not None else 5 * setting.interval_s,
-            headroom=headroom,
+            risk=risk,
         )
         if not reactive:
             self.config = dataclasses.replace(self.config, reactive_period_s=None)

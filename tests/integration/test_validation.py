@@ -131,6 +131,14 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
         _set("spec.planner", {"intervalSeconds": 1}),
         ["spec.planner.intervalSeconds", "should be greater than or equal to 10"],
     ),
+    "risk-above-range": (
+        _set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "risk": 1.0}),
+        ["spec.planner.risk", "should be less than or equal to 0.999"],
+    ),
+    "risk-below-the-median": (
+        _set("spec.planner", {"risk": 0.3}),
+        ["spec.planner.risk", "should be greater than or equal to 0.5"],
+    ),
     "missing-model": (
         _delete("spec.model"),
         ["spec.model", "Required value"],

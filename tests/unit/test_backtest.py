@@ -222,7 +222,7 @@ def azure_scenario() -> evaluate.Scenario:
 
 
 def test_no_policy_beats_the_oracle_on_gpu_hours_at_equal_score(azure_scenario: evaluate.Scenario) -> None:
-    knobs = {**evaluate.KNOBS, "static-peak": (1.0, 1.5, 2.0, 3.0), "fleetpilot": (0.0, 0.2, 0.4),
+    knobs = {**evaluate.KNOBS, "static-peak": (1.0, 1.5, 2.0, 3.0), "fleetpilot": (0.5, 0.8, 0.95),
              "oracle": (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0), "hpa": (0.7, 0.4, 0.2), "dynamo": (1.0, 0.7, 0.4)}
     oracle = evaluate.run_group(azure_scenario, "oracle", knobs=knobs, bracket=False).results
     floor = min(r.effective for r in oracle)
@@ -235,7 +235,7 @@ def test_no_policy_beats_the_oracle_on_gpu_hours_at_equal_score(azure_scenario: 
 
 
 def test_the_planner_in_the_loop_scales_with_the_load(azure_scenario: evaluate.Scenario) -> None:
-    run = evaluate.run_group(azure_scenario, "fleetpilot-constant", knobs={"fleetpilot": (0.2,)},
+    run = evaluate.run_group(azure_scenario, "fleetpilot-constant", knobs={"fleetpilot": (0.8,)},
                              bracket=False).results[0]
     prefill = run.timeline.active["prefill"]
     assert prefill.max() > prefill.min()  # it scaled
@@ -318,7 +318,7 @@ PLANNER_SETTING = policies.Setting(
 def planned_graph(name: str, priority: int, *, rate: float, seed: int,
                   initial: dict[fleetsim.FleetPool, int]) -> driver.SharedGraph:
     policy = policies.Fleetpilot(PLANNER_SETTING, predict.make_predictor("constant"), predictor_name="constant",
-                                 headroom=0.1, initial=initial)
+                                 risk=0.9, initial=initial)
     fleet = driver.RequestFleet(CONFIG, poisson_trace(rate, 600, seed=seed), policy.initial())
     return driver.SharedGraph(name, priority, fleet, policy)
 
@@ -423,7 +423,7 @@ def test_a_fast_loop_runs_between_decisions_and_sees_the_prompt_queue() -> None:
 def test_a_replayed_fleet_scores_what_the_run_it_replays_scored(azure_scenario: evaluate.Scenario) -> None:
     # The fluid check compares the two fleet models on one fleet: replaying a run's fleet on the same
     # model must give back the same GPU-hours and the same requests met.
-    run = evaluate.run_group(azure_scenario, "fleetpilot-constant", knobs={"fleetpilot": (0.1,)},
+    run = evaluate.run_group(azure_scenario, "fleetpilot-constant", knobs={"fleetpilot": (0.9,)},
                              bracket=False).results[0]
     again = evaluate.replay(azure_scenario, run)
     assert run.actions > 0

@@ -123,7 +123,7 @@ def _fleet(initial: dict[fleetsim.FleetPool, int]) -> driver.RequestFleet:
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_a_decode_backlog_makes_the_planner_add_decode_not_prefill(fast_path: bool) -> None:
     planner = policies.Fleetpilot(SETTING, predict.make_predictor("constant"), predictor_name="constant",
-                                  headroom=0.0, initial={"prefill": 1, "decode": 1}, reactive=fast_path)
+                                  risk=0.5, initial={"prefill": 1, "decode": 1}, reactive=fast_path)
     result = driver.run(_fleet({"prefill": 1, "decode": 1}), planner, duration_s=240.0, interval_s=60.0, sla=SLA)
     peak = {pool: int(result.timeline.active[pool].max()) for pool in ("prefill", "decode")}
     # One prefill replica serves the prompts; the decode pool is what is short.

@@ -62,20 +62,29 @@ def test_hand_computed_rates_behind_the_sizing_cases() -> None:
 # -- size ------------------------------------------------------------------------------------------
 
 
-def test_size_without_headroom() -> None:
+def test_size_for_the_load() -> None:
     """Prefill: 20 / 5 = 4 replicas. Decode: 20 / 6.25 = 3.2 → 4 replicas."""
-    desired = sizing.size(LOAD, TINY, SLA, headroom=0.0)
+    desired = sizing.size(LOAD, TINY, SLA)
     assert (desired.prefill, desired.decode) == (4, 4)
     assert dict(desired.replicas) == {"prefill": 4, "decode": 4}
     assert "prefill 4" in desired.reason and "decode 4" in desired.reason
 
 
-def test_size_with_headroom_rounds_exact_quotients_down() -> None:
-    """20% headroom: prefill 20 / (5 × 0.8) = 5 exactly, decode 20 / (6.25 × 0.8) = 4 exactly
-    (floating point says 4.000000000000001; the planner must not buy a fifth replica for it)."""
-    desired = sizing.size(LOAD, TINY, SLA, headroom=0.2)
+def test_size_rounds_exact_quotients_down() -> None:
+    """Prefill 25 / 5 = 5 exactly, decode 25 / 6.25 = 4 exactly (floating point says 4.000000000000001;
+    the planner must not buy a fifth replica for it)."""
+    desired = sizing.size(sizing.Load(25.0 * 1.0000000000000002, 800, 400), TINY, SLA)
     assert (desired.prefill, desired.decode) == (5, 4)
-    assert "20% headroom" in desired.reason
+
+
+def test_prefill_and_decode_are_sized_for_their_own_rates() -> None:
+    """The input-token and output-token loads have their own quantiles: 20 prompts/s for prefill
+    (4 replicas), 30 outputs/s for decode (30 / 6.25 = 4.8 → 5); the reason names both rates."""
+    desired = sizing.size(sizing.Load(20.0, 800, 400, decode_rate_rps=30.0), TINY, SLA)
+    assert (desired.prefill, desired.decode) == (4, 5)
+    assert "20 req/s of prompts, 30 of outputs" in desired.reason
+    decode_only = sizing.size(sizing.Load(0.0, 800, 400, decode_rate_rps=1.0), TINY, SLA)
+    assert (decode_only.prefill, decode_only.decode) == (0, 1)
 
 
 def test_corrections_raise_and_lower_replicas() -> None:
@@ -84,21 +93,21 @@ def test_corrections_raise_and_lower_replicas() -> None:
     more than 1.5× the replicas (the lone TTFT eats into the queueing slack too). Decode 0.5× faster:
     the profile at twice the ITL target (its grid's last row), then twice that rate."""
     ttft_s, itl_s = SLA.ttft_ms / 1e3, SLA.itl_ms / 1e3
-    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=1.5, decode=0.5), headroom=0.0)
+    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=1.5, decode=0.5))
     slower = TINY.prefill_rate_per_replica(800, ttft_s / 1.5) / 1.5
     faster = TINY.decode_rate_per_replica(800, 400, itl_s / 0.5) / 0.5
     assert (desired.prefill, desired.decode) == (math.ceil(20 / slower), math.ceil(20 / faster))
     assert desired.prefill > 6 and desired.decode == 2  # 20 / (100 / (400 × 0.030) × 2) = 1.2 → 2
     assert "prefill correction 1.50" in desired.reason
     # Below 1 is honoured for prefill too (fleetpilot's difference from a prefill correction capped at 1).
-    lower = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=0.6), headroom=0.0)
+    lower = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=0.6))
     assert lower.prefill < 4  # 4 without the correction
 
 
 def test_corrections_are_clamped() -> None:
     """10× is used as 3×, 0.1× as 0.5×."""
-    clamped = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=10.0, decode=0.1), headroom=0.0)
-    at_bounds = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=3.0, decode=0.5), headroom=0.0)
+    clamped = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=10.0, decode=0.1))
+    at_bounds = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=3.0, decode=0.5))
     assert dict(clamped.replicas) == dict(at_bounds.replicas)
     assert "clamped from 10.00" in clamped.reason
     assert sizing.clamp_correction(float("nan")) == 1.0
@@ -110,14 +119,14 @@ def test_a_latency_offset_comes_off_the_target_up_to_half_of_it() -> None:
     less of the target for queueing; it is credited up to half the target, and never below zero."""
     ttft_s = SLA.ttft_ms / 1e3
     offset = 0.1 * ttft_s
-    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=offset), headroom=0.0)
+    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=offset))
     assert desired.prefill == math.ceil(20 / TINY.prefill_rate_per_replica(800, ttft_s - offset)) > 4
     assert "ms of TTFT latency the profile does not model" in desired.reason
-    huge = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=10.0), headroom=0.0)
-    half = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=0.5 * ttft_s), headroom=0.0)
+    huge = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=10.0))
+    half = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=0.5 * ttft_s))
     assert huge.prefill == half.prefill
-    negative = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=-1.0), headroom=0.0)
-    assert negative.prefill == sizing.size(LOAD, TINY, SLA, headroom=0.0).prefill == 4
+    negative = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=-1.0))
+    assert negative.prefill == sizing.size(LOAD, TINY, SLA).prefill == 4
 
 
 def test_correction_from_latencies() -> None:
@@ -128,9 +137,9 @@ def test_correction_from_latencies() -> None:
 
 
 def test_no_load_needs_no_replicas_and_any_load_needs_one() -> None:
-    idle = sizing.size(sizing.Load(0.0, 0.0, 0.0), TINY, SLA, headroom=0.1)
+    idle = sizing.size(sizing.Load(0.0, 0.0, 0.0), TINY, SLA)
     assert (idle.prefill, idle.decode) == (0, 0)
-    trickle = sizing.size(sizing.Load(0.001, 800, 400), TINY, SLA, headroom=0.1)
+    trickle = sizing.size(sizing.Load(0.001, 800, 400), TINY, SLA)
     assert (trickle.prefill, trickle.decode) == (1, 1)
 
 
@@ -138,7 +147,7 @@ def test_unreachable_ttft_sizes_for_the_floor_and_says_so() -> None:
     """A 50 ms TTFT target at ISL 800 (0.1 s alone) cannot be met; sizing keeps the p90 request from
     waiting at all (ρ = 0.1: 1 request/s per replica): 20 replicas for 20 requests/s."""
     sla = v1alpha1.SlaTarget(ttft_ms=50.0, itl_ms=20.0)
-    desired = sizing.size(LOAD, TINY, sla, headroom=0.0)
+    desired = sizing.size(LOAD, TINY, sla)
     assert desired.prefill == 20
     assert "unreachable" in desired.reason
 
@@ -147,7 +156,7 @@ def test_decode_pool_may_have_its_own_capacity_model() -> None:
     """A decode pool whose KV cache holds only 20,000 tokens stops at 20 sequences of context 1000,
     at ITL 10 + 10 × 19 / 49 = 13.88 ms: 20 / (400 × 0.01388) = 3.60 requests/s → 20 / 3.60 → 6."""
     small = capacities.CapacityModel(tiny_profile(kv_capacity_tokens=20_000))
-    desired = sizing.size(LOAD, TINY, SLA, headroom=0.0, decode_capacity=small)
+    desired = sizing.size(LOAD, TINY, SLA, decode_capacity=small)
     itl = 0.010 + 0.010 * 19 / 49
     assert small.decode_rate_per_replica(800, 400, 0.020) == pytest.approx(20 / (400 * itl))
     assert (desired.prefill, desired.decode) == (4, math.ceil(20 / (20 / (400 * itl))))
@@ -156,20 +165,20 @@ def test_decode_pool_may_have_its_own_capacity_model() -> None:
 
 def test_size_aggregated_adds_the_phase_shares() -> None:
     """A replica's time goes to both phases: 20 / 5 + 20 / 6.25 = 4 + 3.2 = 7.2 → 8 replicas."""
-    desired = sizing.size_aggregated(LOAD, TINY, SLA, headroom=0.0)
+    desired = sizing.size_aggregated(LOAD, TINY, SLA)
     assert dict(desired.replicas) == {"aggregated": 8}
     assert desired.aggregated == 8
     assert "4.00" in desired.reason and "3.20" in desired.reason
-    corrected = sizing.size_aggregated(LOAD, TINY, SLA, sizing.Corrections(prefill=2.0), headroom=0.0)
+    corrected = sizing.size_aggregated(LOAD, TINY, SLA, sizing.Corrections(prefill=2.0))
     slower = TINY.prefill_rate_per_replica(800, SLA.ttft_ms / 1e3 / 2.0) / 2.0
     assert corrected.aggregated == math.ceil(20 / slower + 3.2)
 
 
 def test_invalid_inputs_are_refused() -> None:
-    with pytest.raises(ValueError, match="headroom"):
-        sizing.size(LOAD, TINY, SLA, headroom=1.0)
     with pytest.raises(ValueError, match="rate_rps"):
         sizing.Load(-1.0, 100, 100)
+    with pytest.raises(ValueError, match="decode_rps"):
+        sizing.Load(1.0, 100, 100, decode_rate_rps=math.nan)
 
 
 # -- constrain, by hand ----------------------------------------------------------------------------------

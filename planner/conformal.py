@@ -1,0 +1,131 @@
+"""Online calibration of forecast quantiles: adaptive conformal inference on normalised errors.
+
+Why: a predictor's own interval is a model's opinion of its error (Gaussian, fitted on history that
+may be calmer or wilder than now). Sizing for its q-quantile provisions for load that is exceeded one
+interval in (1 − q)⁻¹ only if that opinion is right, and on a bursty trace it is not. This module
+makes it right on whatever trace it meets, with nothing set per trace:
+
+1. **Conformal scores.** Each realised value becomes a score, its error in units of the model's own
+   spread: `(realised − mean) / spread`. The calibrated q-quantile of a new forecast is
+   `mean + spread × (the q-th empirical quantile of the last SCORE_WINDOW scores)`: split conformal
+   prediction on a rolling window, so a predictor whose spread is too narrow (or too wide) by any
+   factor, or whose errors are skewed (bursts above, never below), is corrected.
+2. **Adaptive level** (Gibbs & Candès, "Adaptive Conformal Inference Under Distribution Shift",
+   2021). The level read off the scores is not q itself but a level that moves after each outcome:
+   up by STEP_SIZE × q after a miss, down by STEP_SIZE × (1 − q) after a hit. Its long-run miss rate
+   is 1 − q whatever the scores do, and after a change of regime (noise doubling) it reacts within a
+   few misses instead of waiting for the window to turn over.
+
+Before the window holds enough scores to resolve a level (n ≥ q / (1 − q)), the quantile is the
+larger of the model's Gaussian one and the largest score seen: early intervals neither trust the
+model alone nor a handful of errors.
+
+Everything is pure: a `Calibration` value goes in with one outcome and a new value comes out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+import numpy as np
+
+# Recent scores kept: a day of 10-minute intervals, 2.4 hours of one-minute ones. Long enough to
+# resolve a 0.99 quantile, short enough to forget a regime that ended.
+SCORE_WINDOW: Final = 144
+# How far one outcome moves the adaptive level (Gibbs & Candès' γ). Chosen on synthetic streams (a
+# change of noise level, tests/unit/test_conformal.py), not on any trace: 0.005, their choice for
+# series of thousands of points, takes hundreds of intervals to follow a change.
+STEP_SIZE: Final = 0.02
+# Outcomes the coverage a dashboard shows is measured over.
+COVERAGE_WINDOW: Final = 144
+# A spread below this share of the mean is taken as this: a model that claims to know the load to
+# better than 1% would otherwise turn ordinary noise into scores of thousands.
+SPREAD_FLOOR_SHARE: Final = 0.01
+# Levels every calibration tracks and the planner exports, besides the graph's own risk.
+REPORTED_LEVELS: Final = (0.5, 0.9, 0.99)
+
+
+def _check_level(q: float) -> None:
+    if not 0 < q < 1:
+        raise ValueError(f"quantile level must lie in (0, 1), got {q}")
+
+
+def _spread(mean: float, spread: float) -> float:
+    return max(spread, SPREAD_FLOOR_SHARE * abs(mean), 1e-9)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """One series' calibration state: its recent scores and, per tracked level, the adaptive level
+    and the recent outcomes (True: the realised value fell at or under the calibrated quantile)."""
+
+    scores: tuple[float, ...] = ()
+    levels: Mapping[float, float] = dataclasses.field(default_factory=dict)
+    hits: Mapping[float, tuple[bool, ...]] = dataclasses.field(default_factory=dict)
+
+    def level(self, q: float) -> float:
+        """The level the q-quantile is read at now: q itself until an outcome moved it, and never below a
+        lower tracked level's (each level adapts on its own, and quantiles must not cross)."""
+        own = self.levels.get(q, q)
+        return max([own, *(level for tracked, level in self.levels.items() if tracked < q)])
+
+    def coverage(self, q: float) -> float | None:
+        """The share of the last COVERAGE_WINDOW outcomes at or under the calibrated q-quantile."""
+        hits = self.hits.get(q, ())
+        return sum(hits) / len(hits) if hits else None
+
+
+def quantile(calibration: Calibration, mean: float, spread: float, q: float) -> float:
+    """The calibrated q-quantile of a forecast with this `mean` and model `spread`, at least 0."""
+    _check_level(q)
+    scale = _spread(mean, spread)
+    scores = calibration.scores
+    level = calibration.level(q)
+    gaussian = statistics.NormalDist().inv_cdf(q)
+    if not scores:
+        return max(0.0, mean + gaussian * max(spread, 0.0))
+    n = len(scores)
+    if n < q / (1.0 - q):
+        # Too few scores to resolve this level: the larger of the model's word and the worst error seen.
+        return max(0.0, mean + scale * max(gaussian * max(spread, 0.0) / scale, max(scores)))
+    # Split conformal's finite-sample level, (n + 1) q / n, read with the "higher" rule: covers q of
+    # exchangeable outcomes. Levels at or past 1 take the largest score.
+    at = min(1.0, max(0.0, level) * (n + 1) / n)
+    score = float(np.quantile(np.asarray(scores), at, method="higher")) if level > 0 else -math.inf
+    return max(0.0, mean + scale * score)
+
+
+def update(calibration: Calibration, mean: float, spread: float, realised: float,
+           levels: Iterable[float] = REPORTED_LEVELS) -> Calibration:
+    """The calibration after one outcome: the forecast (`mean`, `spread`) met `realised`.
+
+    Each tracked level (those given, and any tracked before) records whether the quantile it gave
+    before this outcome covered it and moves its adaptive level; then the score joins the window.
+    """
+    if not (math.isfinite(mean) and math.isfinite(spread) and math.isfinite(realised)):
+        return calibration
+    tracked = sorted({*calibration.levels, *levels})
+    new_levels: dict[float, float] = {}
+    new_hits: dict[float, tuple[bool, ...]] = {}
+    for q in tracked:
+        _check_level(q)
+        covered = realised <= quantile(calibration, mean, spread, q)
+        miss = 0.0 if covered else 1.0
+        # Gibbs & Candès: α ← α + γ (α_target − miss), written for the level 1 − α. Clipped to [0, 1]:
+        # past 1 the quantile is already the largest score, and a level that winds up there would take
+        # as many hits to come back down.
+        own = calibration.levels.get(q, q)
+        new_levels[q] = min(1.0, max(0.0, own + STEP_SIZE * (miss - (1.0 - q))))
+        new_hits[q] = (*calibration.hits.get(q, ()), covered)[-COVERAGE_WINDOW:]
+    score = (realised - mean) / _spread(mean, spread)
+    return Calibration(scores=(*calibration.scores, score)[-SCORE_WINDOW:], levels=new_levels, hits=new_hits)
+
+
+def coverages(calibration: Calibration) -> Mapping[float, float]:
+    """Every tracked level's recent coverage (levels with no outcome yet left out)."""
+    out = {q: calibration.coverage(q) for q in sorted(calibration.hits)}
+    return {q: c for q, c in out.items() if c is not None}

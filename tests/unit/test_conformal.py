@@ -1,0 +1,181 @@
+"""Online calibration of forecast quantiles (planner/conformal.py) and how the core uses it.
+
+The streams are synthetic and seeded: a forecaster whose opinion of its error is fixed (mean 10,
+spread 1) meets outcomes whose real error differs from that opinion; the calibrated quantile must
+cover what the level says anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import capacity, conformal, core, live, predict
+
+
+def config(**planner: object) -> core.GraphPlanConfig:
+    spec = api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": "simulator"},
+        "components": {"prefill": {"scaling": {"min": 1, "max": 64}}, "decode": {"scaling": {"min": 1, "max": 64}}},
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
+                    "intervalSeconds": 60, **planner},
+    })
+    return core.config_from_spec(spec, startup_s=120, hold_s=300)
+
+
+def _covered(outcomes: np.ndarray, q: float, *, mean: float = 10.0, spread: float = 1.0) -> np.ndarray:
+    """For each outcome, whether the calibrated q-quantile given before it covered it."""
+    calibration = conformal.Calibration()
+    hits = []
+    for value in outcomes:
+        hits.append(value <= conformal.quantile(calibration, mean, spread, q))
+        calibration = conformal.update(calibration, mean, spread, float(value), levels=(q,))
+    return np.array(hits)
+
+
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
+def test_coverage_matches_the_level_when_the_model_is_wrong_by_a_factor(q: float) -> None:
+    """The errors are three times wider than the model says: the model's own 0.9-quantile would cover
+    about 66%; the calibrated one covers q within two points after the first window."""
+    rng = np.random.default_rng(7)
+    outcomes = 10.0 + 3.0 * rng.standard_normal(3000)
+    hits = _covered(outcomes, q)
+    assert abs(hits[conformal.SCORE_WINDOW:].mean() - q) <= 0.02
+    if q == 0.9:
+        naive = outcomes <= predict.Forecast((10.0,), (10.0,), (10.0,), "x", scale=(1.0,)).quantile(q)[0]
+        assert naive.mean() < 0.7
+
+
+def test_coverage_recovers_within_the_window_when_the_noise_doubles() -> None:
+    """Halfway through, the noise doubles. Coverage of the 0.9-quantile dips right after the change,
+    is back within three points of 0.9 over the rest of the window that follows, and stays there."""
+    rng = np.random.default_rng(11)
+    n = 2000
+    sigma = np.where(np.arange(n) < n // 2, 1.0, 2.0)
+    hits = _covered(10.0 + sigma * rng.standard_normal(n), 0.9)
+    window = conformal.SCORE_WINDOW
+    before = hits[window:n // 2].mean()
+    right_after = hits[n // 2:n // 2 + 30].mean()
+    recovered = hits[n // 2 + 30:n // 2 + window].mean()
+    later = hits[n // 2 + window:].mean()
+    assert abs(before - 0.9) <= 0.03
+    assert right_after < 0.85  # the change is real: the old scores under-cover it
+    assert abs(recovered - 0.9) <= 0.03
+    assert abs(later - 0.9) <= 0.03
+
+
+def test_skewed_errors_get_an_asymmetric_quantile() -> None:
+    """Bursts: errors only ever above the mean (exponential). The 0.5-quantile sits above the mean and
+    the 0.99 one far above the model's Gaussian, each covering its level."""
+    rng = np.random.default_rng(3)
+    outcomes = 10.0 + rng.exponential(2.0, 3000)
+    for q in (0.5, 0.99):
+        hits = _covered(outcomes, q)
+        assert abs(hits[conformal.SCORE_WINDOW:].mean() - q) <= 0.02
+
+
+def test_calibrated_quantiles_do_not_cross() -> None:
+    """Each tracked level adapts on its own, yet a higher level never gives a lower quantile."""
+    rng = np.random.default_rng(5)
+    levels = [0.5, 0.6, 0.8, 0.9, 0.95, 0.99, 0.999]
+    calibration = conformal.Calibration()
+    for value in 10.0 + rng.standard_normal(200) * np.linspace(1, 3, 200):
+        calibration = conformal.update(calibration, 10.0, 1.0, float(value), levels=levels)
+    calibrated = [conformal.quantile(calibration, 10.0, 1.0, q) for q in levels]
+    assert calibrated == sorted(calibrated)
+
+
+@pytest.mark.parametrize("name", sorted(predict.PREDICTORS))
+def test_each_predictors_quantiles_are_monotone_in_the_level(name: str) -> None:
+    t = np.arange(96)
+    history = 50 + 10 * np.sin(2 * np.pi * t / 24) + np.random.default_rng(1).normal(0, 2, len(t))
+    forecast = predict.make_predictor(name).forecast(history.tolist(), steps=3, step_seconds=3600.0)
+    assert forecast.predictor == name, forecast.fallback
+    assert all(s > 0 for s in forecast.scale)
+    levels = [0.5, 0.7, 0.9, 0.99, 0.999]
+    per_level = [forecast.quantile(q) for q in levels]
+    for step in range(3):
+        values = [quantiles[step] for quantiles in per_level]
+        assert values == sorted(values) and values[0] == pytest.approx(forecast.mean[step])
+
+
+def test_too_few_scores_take_the_larger_of_the_model_and_the_worst_error() -> None:
+    """Five scores cannot resolve a 0.99 level: the answer is max(Gaussian, largest score seen)."""
+    calibration = conformal.Calibration()
+    for value in (10.5, 9.0, 14.0, 10.0, 11.0):  # scores 0.5, -1, 4, 0, 1
+        calibration = conformal.update(calibration, 10.0, 1.0, value)
+    assert conformal.quantile(calibration, 10.0, 1.0, 0.99) == pytest.approx(14.0)
+    quiet = conformal.Calibration(scores=(0.1, -0.1, 0.0, 0.2, -0.2))
+    assert conformal.quantile(quiet, 10.0, 1.0, 0.99) == pytest.approx(10.0 + 2.3263, abs=1e-3)
+    assert conformal.quantile(conformal.Calibration(), 10.0, 1.0, 0.9) == pytest.approx(11.2816, abs=1e-3)
+
+
+def test_outcomes_that_are_not_numbers_change_nothing() -> None:
+    calibration = conformal.update(conformal.Calibration(), 10.0, 1.0, 12.0)
+    assert conformal.update(calibration, 10.0, 1.0, math.nan) is calibration
+    with pytest.raises(ValueError, match="level"):
+        conformal.quantile(calibration, 10.0, 1.0, 1.0)
+
+
+def test_coverage_is_reported_per_tracked_level() -> None:
+    calibration = conformal.Calibration()
+    for value in (9.0, 11.0, 30.0, 10.0):
+        calibration = conformal.update(calibration, 10.0, 1.0, value, levels=(0.5, 0.95))
+    assert set(conformal.coverages(calibration)) == {0.5, 0.95}
+    assert conformal.coverages(calibration)[0.5] == pytest.approx(0.5)  # 9 and 10 under the median
+
+
+# -- in the planner core --------------------------------------------------------------------------------
+
+
+def test_a_forecast_is_scored_against_the_interval_it_was_for() -> None:
+    """A forecast made now for the next two intervals meets its first step at the next interval and its
+    second at the one after; each load (requests, input and output tokens) is scored."""
+    pending = core.PendingForecast(rate_mean=(10.0, 20.0), rate_spread=(1.0, 2.0), isl=100.0, osl=10.0)
+    memory = core.GraphMemory(pending=(pending,))
+    memory = core.realise(memory, rate=12.0, isl=100.0, osl=10.0, risk=0.9)
+    assert memory.forecast_calibration["requests"].scores == (pytest.approx(2.0),)  # (12 − 10) / 1
+    assert memory.forecast_calibration["input_tokens"].scores == (pytest.approx(2.0),)
+    newer = core.PendingForecast(rate_mean=(30.0, 30.0), rate_spread=(3.0, 3.0), isl=100.0, osl=10.0)
+    memory = core.realise(dataclasses.replace(memory, pending=(pending, newer)), rate=20.0, isl=120.0, osl=10.0,
+                          risk=0.9)
+    # Two outcomes this interval: step 1 of the older forecast (20 vs 20) and step 0 of the newer (20 vs 30).
+    assert memory.forecast_calibration["requests"].scores[-2:] == (pytest.approx(0.0), pytest.approx(-10 / 3))
+    assert len(memory.forecast_calibration["output_tokens"].scores) == 3
+    # Input tokens: 20 × 120 = 2400 realised against 20 × 100 = 2000 forecast with spread 200: +2.
+    assert memory.forecast_calibration["input_tokens"].scores[-2] == pytest.approx(2.0)
+
+
+def test_a_higher_risk_asks_for_more_replicas_on_noisy_load() -> None:
+    """The same noisy history planned at risk 0.5 and 0.99: the 0.99 plan sizes for a higher load and
+    never asks for fewer replicas; the plan reports the coverage of every tracked level."""
+    rng = np.random.default_rng(2)
+    rates = np.clip(40 + 12 * rng.standard_normal(60), 1, None)
+    chosen: dict[float, core.Plan] = {}
+    model = capacity.CapacityModel(live.simulator_profile(1))
+    for risk in (0.5, 0.99):
+        graph = config(risk=risk)
+        memory = core.GraphMemory()
+        current = {"prefill": 1, "decode": 1}
+        for k, rate in enumerate(rates):
+            observation = core.Observation(time=60.0 * k, rate_rps=float(rate), isl=800, osl=400,
+                                           ttft_s=0.2, itl_s=0.01)
+            plan, memory = core.plan_interval(graph, observation, memory, current=current, capacity=model,
+                                              now=60.0 * k)
+            current = dict(plan.replicas)
+        chosen[risk] = plan
+    low, high = chosen[0.5], chosen[0.99]
+    assert low.predicted is not None and high.predicted is not None
+    assert high.predicted.rate_rps > 1.3 * low.predicted.rate_rps
+    assert high.replicas["prefill"] >= low.replicas["prefill"] and high.replicas["decode"] >= low.replicas["decode"]
+    assert set(high.coverage["requests"]) == {0.5, 0.9, 0.99}
+
+
+def test_risk_outside_the_open_unit_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="risk"):
+        dataclasses.replace(config(), risk=1.0)
+    assert api.PlannerSpec().risk == config().risk == 0.9
