@@ -49,6 +49,12 @@ LATENCY_OFFSET = Gauge("fleetpilot_planner_latency_offset_seconds",
 BURST = Gauge("fleetpilot_planner_burst_factor",
               "How much burstier than Poisson the arrivals are: prefill is sized for the rate times this.",
               ["namespace", "graph"])
+FORECAST_COVERAGE = Gauge(
+    "fleetpilot_planner_forecast_coverage",
+    "Share of recent outcomes at or under the calibrated forecast quantile (q of them when calibrated), per load "
+    "(requests, input_tokens, output_tokens) and quantile level.", ["namespace", "graph", "load", "quantile"])
+RISK = Gauge("fleetpilot_planner_risk", "The forecast quantile the planner sizes the graph for (spec.planner.risk).",
+             ["namespace", "graph"])
 FORECAST_ERROR = Gauge("fleetpilot_planner_forecast_error_ratio", "|forecast - observed| / observed, last interval.",
                        ["namespace", "graph"])
 HOLDING = Gauge("fleetpilot_planner_holding", "1 while the planner holds replicas for lack of data.",
@@ -387,6 +393,10 @@ class LivePlanner:
         LATENCY_OFFSET.labels(namespace, name, "decode").set(plan.corrections.decode_offset_s)
         if plan.predicted is not None:
             BURST.labels(namespace, name).set(plan.predicted.burst)
+        RISK.labels(namespace, name).set(config.risk)
+        for load, by_level in plan.coverage.items():
+            for level, share in by_level.items():
+                FORECAST_COVERAGE.labels(namespace, name, load, f"{level:g}").set(share)
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
                       message: str) -> None:
@@ -402,8 +412,11 @@ class LivePlanner:
             if plan.observed.rate_rps is not None:
                 block["observedRateRps"] = round(plan.observed.rate_rps, 3)
             if plan.predicted is not None:
-                block["predicted"] = {"rateRps": round(plan.predicted.rate_rps, 3), "isl": round(plan.predicted.isl),
-                                      "osl": round(plan.predicted.osl), "predictor": plan.predictor}
+                block["predicted"] = {"rateRps": round(plan.predicted.rate_rps, 3),
+                                      "decodeRateRps": round(plan.predicted.decode_rps, 3),
+                                      "isl": round(plan.predicted.isl), "osl": round(plan.predicted.osl),
+                                      "predictor": plan.predictor,
+                                      "risk": body["spec"]["planner"].get("risk", core.DEFAULT_RISK)}
         await self.kube.apply({
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]},

@@ -170,3 +170,37 @@ def test_a_planner_that_starts_loads_each_graphs_history_from_prometheus() -> No
     memory = asyncio.run(planner._warm_start("ns", "g", config))
     assert memory.rates == (1.0, 2.0, 3.0) and memory.isls == (2000.0,) * 3
     assert observer.asked == [(60, core.HISTORY_LIMIT)]  # a week of minutes is more than the predictors use
+
+
+def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quantile() -> None:
+    """After a few intervals the calibration has outcomes: coverage per load and quantile, and the risk
+    the graph asked for, are in the planner's metrics."""
+    from prometheus_client import REGISTRY
+
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import capacity, core
+
+    spec = api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": "simulator"},
+        "components": {"prefill": {"scaling": {"max": 32}}, "decode": {"scaling": {"max": 32}}},
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
+                    "intervalSeconds": 60, "risk": 0.95}})
+    config = core.config_from_spec(spec)
+    model = capacity.CapacityModel(live.simulator_profile(1))
+    memory, current = core.GraphMemory(), {"prefill": 1, "decode": 1}
+    for k, rate in enumerate((4.0, 6.0, 5.0, 9.0, 5.0)):
+        observation = core.Observation(time=60.0 * k, rate_rps=rate, isl=1000, osl=100, ttft_s=0.2, itl_s=0.02)
+        plan, memory = core.plan_interval(config, observation, memory, current=current, capacity=model, now=60.0 * k)
+        current = dict(plan.replicas)
+    live.LivePlanner(None, None)._export("ns", "covered", plan, config)  # type: ignore[arg-type]
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"namespace": "ns", "graph": "covered", **labels})
+
+    assert sample("fleetpilot_planner_risk") == 0.95
+    for load in core.LOADS:
+        for level in ("0.5", "0.9", "0.95", "0.99"):
+            share = sample("fleetpilot_planner_forecast_coverage", load=load, quantile=level)
+            assert share is not None and 0.0 <= share <= 1.0, (load, level, share)
+    # Four realised intervals × two horizon steps (less the ones not yet due): the 0.5 line has seen them all.
+    assert len(memory.forecast_calibration["requests"].hits[0.5]) == 7
