@@ -16,9 +16,9 @@ makes it right on whatever trace it meets, with nothing set per trace:
    is 1 − q whatever the scores do, and after a change of regime (noise doubling) it reacts within a
    few misses instead of waiting for the window to turn over.
 
-Before the window holds enough scores to resolve a level (n ≥ q / (1 − q)), the quantile is the
-larger of the model's Gaussian one and the largest score seen: early intervals neither trust the
-model alone nor a handful of errors.
+Until the window holds MIN_SCORES scores the quantile is the model's Gaussian one; after that, until it
+holds enough to resolve a level (n ≥ q / (1 − q)), the larger of the model's and the largest score
+seen: early intervals neither trust the model alone nor a handful of errors.
 
 Everything is pure: a `Calibration` value goes in with one outcome and a new value comes out.
 """
@@ -42,9 +42,14 @@ SCORE_WINDOW: Final = 144
 STEP_SIZE: Final = 0.02
 # Outcomes the coverage a dashboard shows is measured over.
 COVERAGE_WINDOW: Final = 144
-# A spread below this share of the mean is taken as this: a model that claims to know the load to
-# better than 1% would otherwise turn ordinary noise into scores of thousands.
-SPREAD_FLOOR_SHARE: Final = 0.01
+# A spread below this share of the series' level is taken as this: a model that claims to know the load
+# to better than 5% (a constant forecast from two points, a flat history, a forecast of 0 between two
+# bursts) would otherwise turn ordinary noise into scores of thousands, which then sit in the window and
+# inflate every quantile for SCORE_WINDOW intervals. The caller says what the level is (`floor`).
+SPREAD_FLOOR_SHARE: Final = 0.05
+# Below this many scores the empirical quantiles are noise (with five, the median is the third score
+# seen): the model's own Gaussian quantile is used until then.
+MIN_SCORES: Final = 10
 # Levels every calibration tracks and the planner exports, besides the graph's own risk.
 REPORTED_LEVELS: Final = (0.5, 0.9, 0.99)
 
@@ -54,8 +59,8 @@ def _check_level(q: float) -> None:
         raise ValueError(f"quantile level must lie in (0, 1), got {q}")
 
 
-def _spread(mean: float, spread: float) -> float:
-    return max(spread, SPREAD_FLOOR_SHARE * abs(mean), 1e-9)
+def _spread(mean: float, spread: float, floor: float) -> float:
+    return max(spread, floor, SPREAD_FLOOR_SHARE * abs(mean), 1e-9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,16 +84,20 @@ class Calibration:
         return sum(hits) / len(hits) if hits else None
 
 
-def quantile(calibration: Calibration, mean: float, spread: float, q: float) -> float:
-    """The calibrated q-quantile of a forecast with this `mean` and model `spread`, at least 0."""
+def quantile(calibration: Calibration, mean: float, spread: float, q: float, *, floor: float = 0.0) -> float:
+    """The calibrated q-quantile of a forecast with this `mean` and model `spread`, at least 0.
+
+    `floor`: the least spread to normalise by (SPREAD_FLOOR_SHARE of the series' recent level); it
+    must be the one `update` gets for the same forecast.
+    """
     _check_level(q)
-    scale = _spread(mean, spread)
+    scale = _spread(mean, spread, floor)
     scores = calibration.scores
     level = calibration.level(q)
     gaussian = statistics.NormalDist().inv_cdf(q)
-    if not scores:
-        return max(0.0, mean + gaussian * max(spread, 0.0))
     n = len(scores)
+    if n < MIN_SCORES:
+        return max(0.0, mean + gaussian * max(spread, 0.0))
     if n < q / (1.0 - q):
         # Too few scores to resolve this level: the larger of the model's word and the worst error seen.
         return max(0.0, mean + scale * max(gaussian * max(spread, 0.0) / scale, max(scores)))
@@ -100,7 +109,7 @@ def quantile(calibration: Calibration, mean: float, spread: float, q: float) -> 
 
 
 def update(calibration: Calibration, mean: float, spread: float, realised: float,
-           levels: Iterable[float] = REPORTED_LEVELS) -> Calibration:
+           levels: Iterable[float] = REPORTED_LEVELS, *, floor: float = 0.0) -> Calibration:
     """The calibration after one outcome: the forecast (`mean`, `spread`) met `realised`.
 
     Each tracked level (those given, and any tracked before) records whether the quantile it gave
@@ -113,7 +122,7 @@ def update(calibration: Calibration, mean: float, spread: float, realised: float
     new_hits: dict[float, tuple[bool, ...]] = {}
     for q in tracked:
         _check_level(q)
-        covered = realised <= quantile(calibration, mean, spread, q)
+        covered = realised <= quantile(calibration, mean, spread, q, floor=floor)
         miss = 0.0 if covered else 1.0
         # Gibbs & Candès: α ← α + γ (α_target − miss), written for the level 1 − α. Clipped to [0, 1]:
         # past 1 the quantile is already the largest score, and a level that winds up there would take
@@ -121,7 +130,7 @@ def update(calibration: Calibration, mean: float, spread: float, realised: float
         own = calibration.levels.get(q, q)
         new_levels[q] = min(1.0, max(0.0, own + STEP_SIZE * (miss - (1.0 - q))))
         new_hits[q] = (*calibration.hits.get(q, ()), covered)[-COVERAGE_WINDOW:]
-    score = (realised - mean) / _spread(mean, spread)
+    score = (realised - mean) / _spread(mean, spread, floor)
     return Calibration(scores=(*calibration.scores, score)[-SCORE_WINDOW:], levels=new_levels, hits=new_hits)
 
 

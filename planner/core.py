@@ -133,11 +133,15 @@ class PendingForecast:
     rate_spread: tuple[float, ...]
     isl: float
     osl: float
+    level: float = 0.0  # the rate's recent level (`recent_mean`): what the spread floor is a share of
 
     def load(self, name: str, step: int) -> tuple[float, float]:
         """(mean, spread) of load `name` at `step` (0-based)."""
         length = _length(name, self.isl, self.osl)
         return self.rate_mean[step] * length, self.rate_spread[step] * length
+
+    def floor(self, name: str) -> float:
+        return conformal.SPREAD_FLOOR_SHARE * self.level * _length(name, self.isl, self.osl)
 
 
 def _length(name: str, isl: float, osl: float) -> float:
@@ -282,25 +286,26 @@ def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: f
     calibrations = dict(memory.forecast_calibration)
     for index, pending in enumerate(memory.pending):  # oldest first: outcomes in the order they were forecast
         age = len(memory.pending) - 1 - index
-        if age >= len(pending.rate_mean):
-            continue
+        if age >= len(pending.rate_mean) or pending.rate_spread[age] <= 0:
+            continue  # not due, or a forecast with no opinion of its error (too little history) to score by
         for name in LOADS:
             mean, spread = pending.load(name, age)
             realised = rate * _length(name, isl or pending.isl, osl or pending.osl)
             calibrations[name] = conformal.update(calibrations.get(name, conformal.Calibration()),
-                                                  mean, spread, realised, levels)
+                                                  mean, spread, realised, levels, floor=pending.floor(name))
     return dataclasses.replace(memory, forecast_calibration=calibrations)
 
 
-def load_at_risk(forecast: predict.Forecast, memory: GraphMemory, *, isl: float, osl: float, risk: float,
-                 burst: float) -> sizing.Load:
+def load_at_risk(forecast: PendingForecast, memory: GraphMemory, *, risk: float, burst: float) -> sizing.Load:
     """The load to size for: per load, the highest calibrated `risk` quantile over the horizon, in
     requests/s of the mean prompt (prefill) and of the mean output (decode)."""
+    isl, osl = forecast.isl, forecast.osl
+
     def peak(name: str) -> float:
         calibration = memory.forecast_calibration.get(name, conformal.Calibration())
-        length = _length(name, isl, osl)
-        return max(conformal.quantile(calibration, m * length, forecast.spread(step) * length, risk)
-                   for step, m in enumerate(forecast.mean)) / length
+        quantiles = (conformal.quantile(calibration, *forecast.load(name, step), risk, floor=forecast.floor(name))
+                     for step in range(len(forecast.rate_mean)))
+        return max(quantiles) / _length(name, isl, osl)
     return sizing.Load(rate_rps=peak("input_tokens"), isl=isl, osl=osl, burst=burst,
                        decode_rate_rps=peak("output_tokens"))
 
@@ -358,8 +363,9 @@ def plan_interval(
         excess = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
         memory = dataclasses.replace(memory, bursts=(*memory.bursts, excess)[-CALIBRATION_INTERVALS:])
     burst = _median(memory.bursts, 1.0)
-    load = load_at_risk(forecast, memory, isl=isl, osl=osl, risk=config.risk, burst=burst)
-    pending = PendingForecast(forecast.mean, tuple(forecast.spread(i) for i in range(len(forecast.mean))), isl, osl)
+    pending = PendingForecast(forecast.mean, tuple(forecast.spread(i) for i in range(len(forecast.mean))), isl, osl,
+                              level=recent_mean(memory.rates))
+    load = load_at_risk(pending, memory, risk=config.risk, burst=burst)
     memory = dataclasses.replace(memory, pending=(*memory.pending, pending)[-config.horizon_steps:])
     estimate = interval_corrections(config, capacity, observation, ready if ready is not None else current)
     memory = dataclasses.replace(memory, calibration=(*memory.calibration, estimate)[-CALIBRATION_INTERVALS:])

@@ -103,15 +103,26 @@ def test_each_predictors_quantiles_are_monotone_in_the_level(name: str) -> None:
         assert values == sorted(values) and values[0] == pytest.approx(forecast.mean[step])
 
 
-def test_too_few_scores_take_the_larger_of_the_model_and_the_worst_error() -> None:
-    """Five scores cannot resolve a 0.99 level: the answer is max(Gaussian, largest score seen)."""
+def test_too_few_scores_take_the_model_or_the_worst_error() -> None:
+    """Below MIN_SCORES the model's Gaussian quantile stands; from there until the window resolves the
+    level (99 scores for 0.99), the larger of the Gaussian and the largest score seen."""
     calibration = conformal.Calibration()
     for value in (10.5, 9.0, 14.0, 10.0, 11.0):  # scores 0.5, -1, 4, 0, 1
         calibration = conformal.update(calibration, 10.0, 1.0, value)
+    assert conformal.quantile(calibration, 10.0, 1.0, 0.99) == pytest.approx(10.0 + 2.3263, abs=1e-3)
+    for value in (10.0,) * (conformal.MIN_SCORES - 5):
+        calibration = conformal.update(calibration, 10.0, 1.0, value)
     assert conformal.quantile(calibration, 10.0, 1.0, 0.99) == pytest.approx(14.0)
-    quiet = conformal.Calibration(scores=(0.1, -0.1, 0.0, 0.2, -0.2))
+    quiet = conformal.Calibration(scores=(0.1, -0.1, 0.0, 0.2, -0.2) * 2)
     assert conformal.quantile(quiet, 10.0, 1.0, 0.99) == pytest.approx(10.0 + 2.3263, abs=1e-3)
     assert conformal.quantile(conformal.Calibration(), 10.0, 1.0, 0.9) == pytest.approx(11.2816, abs=1e-3)
+
+
+def test_a_spread_floor_keeps_one_surprise_from_dominating_the_window() -> None:
+    """A forecast of 0 with a spread of 0.001 meets a burst of 9: normalised by the spread the score
+    would be 9,000; the floor (a share of the series' level, 1 here) makes it 9 / 0.05 = 180."""
+    calibration = conformal.update(conformal.Calibration(), 0.0, 0.001, 9.0, floor=conformal.SPREAD_FLOOR_SHARE)
+    assert calibration.scores == (pytest.approx(180.0),)
 
 
 def test_outcomes_that_are_not_numbers_change_nothing() -> None:
@@ -136,6 +147,9 @@ def test_a_forecast_is_scored_against_the_interval_it_was_for() -> None:
     """A forecast made now for the next two intervals meets its first step at the next interval and its
     second at the one after; each load (requests, input and output tokens) is scored."""
     pending = core.PendingForecast(rate_mean=(10.0, 20.0), rate_spread=(1.0, 2.0), isl=100.0, osl=10.0)
+    silent = core.PendingForecast(rate_mean=(0.0, 0.0), rate_spread=(0.0, 0.0), isl=100.0, osl=10.0)
+    memory = core.realise(core.GraphMemory(pending=(silent,)), rate=12.0, isl=100.0, osl=10.0, risk=0.9)
+    assert memory.forecast_calibration == {}  # a forecast with no spread has no opinion of its error to score
     memory = core.GraphMemory(pending=(pending,))
     memory = core.realise(memory, rate=12.0, isl=100.0, osl=10.0, risk=0.9)
     assert memory.forecast_calibration["requests"].scores == (pytest.approx(2.0),)  # (12 − 10) / 1
