@@ -386,7 +386,8 @@ def plan_interval(
     decision = unbudgeted if config.gpu_budget is None else constrained(config.gpu_budget)
     used = forecast.predictor + (f" (fell back: {forecast.fallback})" if forecast.fallback else "")
     plan = Plan(
-        replicas=decision.replicas, reasons=[desired.reason, *decision.reasons], data_ok=True, observed=observation,
+        replicas=decision.replicas, reasons=[f"at risk {config.risk:g}, {desired.reason}", *decision.reasons],
+        data_ok=True, observed=observation,
         predicted=load, corrections=corrections, forecast_error=forecast_error, predictor=used, wanted_gpus=wanted,
         binding=decision.binding, coverage=memory.coverage(),
     )
