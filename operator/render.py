@@ -240,7 +240,9 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         image = settings.fleetpilot_image
         resources = _resources(0, spec.components.frontend.resources, dict(settings.frontend_requests))
         grace = 30
-        probes = {"readinessProbe": _probe("/health", period=5, failures=3),
+        # Ready only while a request has somewhere to go (/ready: a prefill and a decode worker, or an
+        # aggregated one); alive while it serves HTTP at all (/health).
+        probes = {"readinessProbe": _probe("/ready", period=5, failures=3),
                   "livenessProbe": _probe("/health", period=10, failures=6)}
     else:
         worker = spec.components.workers()[component]

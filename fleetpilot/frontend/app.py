@@ -9,6 +9,11 @@ Upstream calls always stream, so the frontend measures TTFT and inter-token late
 contract) even for clients that asked for one JSON answer. A connection failure before any byte
 came back is retried on another worker; a failure mid-stream ends that stream with an error event.
 A client that goes away cancels the upstream request, and with it the work on the worker.
+
+Errors are OpenAI's (`validation.ApiError`): a request is validated before any worker sees it, a
+streaming request that fails before its first token gets a JSON error with a 4xx/5xx status rather
+than a 200 and an error event, a worker's own refusal is relayed with its status, message and
+`param`, and no worker address ever reaches a client (it goes to the log, with the request id).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from fleetpilot.api import contract
 from fleetpilot.frontend import routing
 from fleetpilot.frontend.discovery import Discovery
 from fleetpilot.frontend.metrics import FrontendMetrics
+from fleetpilot.frontend.validation import ApiError, validate
 
 logger = logging.getLogger("fleetpilot.frontend")
 
@@ -42,16 +48,30 @@ QUARANTINE_SECONDS = 5.0
 CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
-class UpstreamError(Exception):
-    """A worker failed or refused; `status` is what the client gets when nothing was streamed yet."""
-
-    def __init__(self, message: str, status: int = 502) -> None:
-        super().__init__(message)
-        self.status = status
+def unavailable(message: str) -> ApiError:
+    """No worker could take the request: 503, worth retrying."""
+    return ApiError(message, status=503, type="service_unavailable", code="no_worker")
 
 
-def error_body(message: str, *, kind: str = "upstream_error", code: int = 502) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "code": code}}
+def worker_failed(role: str, request_id: str) -> ApiError:
+    """A worker failed in a way the client cannot fix: 502, details in the frontend's log."""
+    return ApiError(f"the {role} worker failed to serve the request (request id {request_id}); "
+                    "the frontend's log has the details", status=502, type="upstream_error", code="worker_failed")
+
+
+def relayed(role: str, status: int, text: str, request_id: str) -> ApiError:
+    """A worker's answer of `status`: its own refusal (4xx, OpenAI-shaped) as it gave it, else a 502."""
+    if 400 <= status < 500:
+        try:
+            error = json.loads(text).get("error") or {}
+        except (json.JSONDecodeError, AttributeError):
+            error = {}
+        if isinstance(error, dict) and error.get("message"):
+            code = error.get("code")
+            return ApiError(str(error["message"]), status=status, type=str(error.get("type") or "invalid_request_error"),
+                            param=error.get("param"), code=str(code) if code is not None else None)
+        return ApiError(f"the {role} worker refused the request: {text[:300]}", status=status)
+    return worker_failed(role, request_id)
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -82,6 +102,7 @@ def chunk_text(chunk: dict[str, Any]) -> str:
 class Tracker:
     """Timing of one request as the frontend sees it."""
 
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=time.monotonic)
     prefilled: float | None = None  # disaggregated: when the prefill worker handed the KV cache over
     first_token: float | None = None
@@ -115,6 +136,7 @@ class Frontend:
         metrics: FrontendMetrics | None = None,
         retries: int = 3,
         request_timeout: float = 600.0,
+        max_model_len: int | None = None,
     ) -> None:
         if mode not in ("disaggregated", "aggregated"):
             raise ValueError(f"mode must be disaggregated or aggregated, not {mode!r}")
@@ -126,6 +148,7 @@ class Frontend:
         self.metrics = metrics or FrontendMetrics()
         self.retries = retries
         self.request_timeout = request_timeout
+        self.max_model_len = max_model_len
         self.load: dict[str, int] = defaultdict(int)
         self.quarantined: dict[str, float] = {}
         self.prefix_cache = routing.PrefixCache()  # a model of the workers' KV caches, for any policy
@@ -155,7 +178,7 @@ class Frontend:
     def _pick(self, role: str, policy: routing.Policy, blocks: list[int], tried: set[str]) -> routing.Worker:
         candidates = self._candidates(role, tried)
         if not candidates:
-            raise UpstreamError(f"no ready {role} worker for model {self.model}", status=503)
+            raise unavailable(f"no ready {role} worker for model {self.model}; retry later")
         worker = policy.choose(candidates, load=self.load, prompt_blocks=blocks)
         policy.routed(worker, blocks)
         if role != "decode":  # where the prompt's KV is computed: count what was probably cached
@@ -166,7 +189,7 @@ class Frontend:
 
     async def _with_retries(
         self, role: str, policy: routing.Policy, blocks: list[int],
-        attempt: Callable[[routing.Worker], Awaitable[Any]],
+        attempt: Callable[[routing.Worker], Awaitable[Any]], request_id: str,
     ) -> Any:
         """Run `attempt` on a worker; on a refused connection, quarantine it and try another."""
         tried: set[str] = set()
@@ -178,18 +201,20 @@ class Frontend:
             try:
                 return await attempt(worker)
             except CONNECT_ERRORS as error:
-                logger.warning("%s worker %s unreachable (%s); trying another", role, worker.url, error)
+                logger.warning("request %s: %s worker %s unreachable (%s); trying another", request_id, role,
+                               worker.url, error)
                 self.quarantined[worker.url] = time.monotonic() + QUARANTINE_SECONDS
                 last = error
             finally:
                 self.load[worker.url] -= 1
             if not self._candidates(role, tried):
                 break
-        raise UpstreamError(f"no {role} worker reachable: {last}", status=503)
+        logger.warning("request %s: no %s worker reachable, last error: %s", request_id, role, last)
+        raise unavailable(f"no {role} worker reachable for model {self.model}; retry later")
 
     # -- the two hops --------------------------------------------------------------------------------
 
-    async def _prefill(self, path: str, body: dict[str, Any], blocks: list[int]) -> dict[str, Any]:
+    async def _prefill(self, path: str, body: dict[str, Any], blocks: list[int], request_id: str) -> dict[str, Any]:
         """First hop: prefill remotely and return the KV transfer parameters for decode."""
         hop = {k: v for k, v in body.items() if k not in ("stream_options", "min_tokens")}
         hop.update(stream=False, max_tokens=1, kv_transfer_params={
@@ -202,15 +227,17 @@ class Frontend:
         async def attempt(worker: routing.Worker) -> dict[str, Any]:
             response = await self.client.post(worker.url + path, json=hop)
             if response.status_code >= 400:
-                raise UpstreamError(f"prefill worker {worker.name or worker.url} answered {response.status_code}:"
-                                    f" {response.text[:500]}", status=response.status_code)
+                logger.warning("request %s: prefill worker %s answered %d: %s", request_id,
+                               worker.name or worker.url, response.status_code, response.text[:500])
+                raise relayed("prefill", response.status_code, response.text, request_id)
             params = response.json().get("kv_transfer_params")
             if not params:
-                raise UpstreamError(f"prefill worker {worker.name or worker.url} returned no kv_transfer_params;"
-                                    " is it running with a KV connector?")
+                logger.error("request %s: prefill worker %s returned no kv_transfer_params; is it running with a "
+                             "KV connector?", request_id, worker.name or worker.url)
+                raise worker_failed("prefill", request_id)
             return dict(params)
 
-        result: dict[str, Any] = await self._with_retries("prefill", self.policy, blocks, attempt)
+        result: dict[str, Any] = await self._with_retries("prefill", self.policy, blocks, attempt, request_id)
         return result
 
     async def _stream(
@@ -227,11 +254,12 @@ class Frontend:
             if response.status_code >= 400:
                 text = (await response.aread()).decode(errors="replace")
                 await response.aclose()
-                raise UpstreamError(f"{role} worker {worker.name or worker.url} answered {response.status_code}:"
-                                    f" {text[:500]}", status=response.status_code)
+                logger.warning("request %s: %s worker %s answered %d: %s", tracker.request_id, role,
+                               worker.name or worker.url, response.status_code, text[:500])
+                raise relayed(role, response.status_code, text, tracker.request_id)
             return worker, response
 
-        worker, response = await self._with_retries(role, policy, blocks, attempt)
+        worker, response = await self._with_retries(role, policy, blocks, attempt, tracker.request_id)
         self.load[worker.url] += 1
         try:
             async for line in response.aiter_lines():
@@ -242,12 +270,16 @@ class Frontend:
                     return
                 chunk = json.loads(payload)
                 if chunk.get("error"):
-                    raise UpstreamError(f"{role} worker {worker.name or worker.url}: {chunk['error']}")
+                    logger.warning("request %s: %s worker %s sent an error mid-stream: %s", tracker.request_id, role,
+                                   worker.name or worker.url, chunk["error"])
+                    raise worker_failed(role, tracker.request_id)
                 if chunk.get("usage"):
                     tracker.usage = chunk["usage"]
                 yield chunk
         except (httpx.TransportError, json.JSONDecodeError) as error:
-            raise UpstreamError(f"{role} worker {worker.name or worker.url} broke off the stream: {error!r}") from error
+            logger.warning("request %s: %s worker %s broke off the stream: %r", tracker.request_id, role,
+                           worker.name or worker.url, error)
+            raise worker_failed(role, tracker.request_id) from error
         finally:
             self.load[worker.url] -= 1
             await response.aclose()
@@ -258,6 +290,9 @@ class Frontend:
         model = self.model
         self.metrics.requests.labels(model, status).inc()
         self.metrics.inflight.labels(model).dec()
+        if status == "cancelled":
+            logger.info("request %s: cancelled by the client after %.3f s and %d tokens", tracker.request_id,
+                        time.monotonic() - tracker.started, tracker.tokens)
         if status != "ok":
             return
         self.metrics.duration.labels(model).observe(time.monotonic() - tracker.started)
@@ -275,53 +310,80 @@ class Frontend:
     async def _chunks(self, path: str, body: dict[str, Any], tracker: Tracker) -> AsyncIterator[dict[str, Any]]:
         blocks = routing.block_hashes(prompt_text(body))
         if self.mode == "disaggregated":
-            body = dict(body, kv_transfer_params=await self._prefill(path, body, blocks))
+            body = dict(body, kv_transfer_params=await self._prefill(path, body, blocks, tracker.request_id))
             tracker.prefilled = time.monotonic()
         async for chunk in self._stream(path, body, blocks, tracker):
             yield chunk
 
     async def handle(self, request: Request) -> Response:
-        tracker = Tracker()  # the clock starts before the body is read, as the client's does
+        tracker = Tracker(request_id=request.headers.get("x-request-id") or uuid.uuid4().hex)  # clock starts now
+        headers = {"x-request-id": tracker.request_id}
         path = request.url.path
         try:
             body = await request.json()
         except json.JSONDecodeError as error:
-            return JSONResponse(error_body(f"request body is not JSON: {error}", kind="invalid_request_error",
-                                           code=400), status_code=400)
-        if not isinstance(body, dict):
-            return JSONResponse(error_body("request body must be a JSON object", kind="invalid_request_error",
-                                           code=400), status_code=400)
-        if body.get("model") not in (None, self.model):
-            return JSONResponse(error_body(f"model {body.get('model')!r} is not served here; use {self.model!r}",
-                                           kind="NotFoundError", code=404), status_code=404)
+            return _error(ApiError(f"the request body is not JSON: {error}", code="invalid_json"), headers)
+        try:
+            validate(body, chat=path.endswith("/chat/completions"), model=self.model, max_model_len=self.max_model_len)
+        except ApiError as error:
+            self.metrics.rejected.labels(self.model, error.param or "").inc()
+            return _error(error, headers)
         body["model"] = self.model
         self._count_arrival(tracker.started)
         self.metrics.started.labels(self.model).inc()
         self.metrics.inflight.labels(self.model).inc()
         if body.get("stream"):
-            return StreamingResponse(self._sse(path, body, tracker), media_type="text/event-stream")
-        return await self._collect(path, body, tracker, request)
+            return await self._stream_response(path, body, tracker, headers)
+        return await self._collect(path, body, tracker, request, headers)
 
-    async def _sse(self, path: str, body: dict[str, Any], tracker: Tracker) -> AsyncIterator[str]:
+    async def _stream_response(self, path: str, body: dict[str, Any], tracker: Tracker,
+                               headers: dict[str, str]) -> Response:
+        """A streaming answer whose status says whether it started: the first chunk is awaited before the
+        200 goes out, so a refusal or a missing worker is a JSON 4xx/5xx, not a 200 with an error event."""
+        chunks = self._chunks(path, body, tracker)
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            first = None
+        except ApiError as error:
+            self._finish(tracker, "error")
+            return _error(error, headers)
+        except BaseException:
+            self._finish(tracker, "cancelled")
+            raise
+        return StreamingResponse(self._sse(first, chunks, body, tracker), media_type="text/event-stream",
+                                 headers=headers)
+
+    async def _sse(self, first: dict[str, Any] | None, chunks: AsyncIterator[dict[str, Any]], body: dict[str, Any],
+                   tracker: Tracker) -> AsyncIterator[str]:
         wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         status = "cancelled"
+
+        async def all_chunks() -> AsyncIterator[dict[str, Any]]:
+            if first is not None:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+
         try:
-            async for chunk in self._chunks(path, body, tracker):
+            async for chunk in all_chunks():
                 if chunk.get("usage") and not chunk.get("choices") and not wants_usage:
                     continue
                 yield f"data: {json.dumps(chunk)}\n\n"
                 if chunk_text(chunk):
                     tracker.token()  # after the yield returns: the chunk has gone out to the client
             status = "ok"
-        except UpstreamError as error:
+        except ApiError as error:
+            # The stream has started (its 200 is sent): the error ends it as an event, and is counted.
             status = "error"
-            yield f"data: {json.dumps(error_body(str(error), code=error.status))}\n\n"
+            yield f"data: {json.dumps(error.body())}\n\n"
         finally:
             if status != "cancelled":
                 yield "data: [DONE]\n\n"
             self._finish(tracker, status)
 
-    async def _collect(self, path: str, body: dict[str, Any], tracker: Tracker, request: Request) -> Response:
+    async def _collect(self, path: str, body: dict[str, Any], tracker: Tracker, request: Request,
+                       headers: dict[str, str]) -> Response:
         """A non-streaming answer, assembled from the upstream stream; a client disconnect cancels it."""
         chat = "messages" in body
         text, finish_reason = [], None
@@ -343,11 +405,11 @@ class Frontend:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
                 self._finish(tracker, "cancelled")
-                return Response(status_code=499)
+                return Response(status_code=499, headers=headers)
             work.result()
-        except UpstreamError as error:
+        except ApiError as error:
             self._finish(tracker, "error")
-            return JSONResponse(error_body(str(error), code=error.status), status_code=error.status)
+            return _error(error, headers)
         finally:
             watch.cancel()
         self._finish(tracker, "ok")
@@ -363,18 +425,44 @@ class Frontend:
             "model": self.model,
             "choices": [choice],
             "usage": tracker.usage or {},
-        })
+        }, headers=headers)
+
+    def _model_card(self) -> dict[str, Any]:
+        card: dict[str, Any] = {"id": self.model, "object": "model", "created": 0, "owned_by": "fleetpilot"}
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return card
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": 0, "owned_by": "fleetpilot"}]})
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def one_model(self, request: Request) -> Response:
+        if request.path_params["model"] != self.model:
+            return _error(ApiError(f"the model {request.path_params['model']!r} is not served here; use "
+                                   f"{self.model!r}", status=404, param="model", code="model_not_found"), {})
+        return JSONResponse(self._model_card())
+
+    def _missing_roles(self) -> list[str]:
+        roles = ("prefill", "decode") if self.mode == "disaggregated" else ("aggregated",)
+        now = time.monotonic()
+        return [role for role in roles
+                if not any(self.quarantined.get(w.url, 0) <= now for w in self.discovery.workers(role))]
 
     async def health(self, request: Request) -> Response:
+        """Liveness: the process serves HTTP (503 while it drains, so a load balancer stops sending)."""
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        roles = ("prefill", "decode") if self.mode == "disaggregated" else ("aggregated",)
-        missing = [role for role in roles if not self.discovery.workers(role)]
-        return JSONResponse({"status": "ok", "missing_workers": missing})
+        return JSONResponse({"status": "ok", "missing_workers": self._missing_roles()})
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness: a request sent now has somewhere to go (a prefill and a decode worker, or an
+        aggregated one, known and not quarantined for refusing connections)."""
+        if self.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        missing = self._missing_roles()
+        if missing:
+            return JSONResponse({"status": "not ready", "missing_workers": missing}, status_code=503)
+        return JSONResponse({"status": "ready", "missing_workers": []})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(prometheus_client.generate_latest(self.metrics.registry),
@@ -395,11 +483,28 @@ class Frontend:
                 Route("/v1/completions", self.handle, methods=["POST"]),
                 Route("/v1/chat/completions", self.handle, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/models/{model:path}", self.one_model, methods=["GET"]),
                 Route("/health", self.health, methods=["GET"]),
+                Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
             ],
             lifespan=lifespan,
+            exception_handlers={404: _not_found, 405: _not_allowed},
         )
+
+
+def _error(error: ApiError, headers: dict[str, str]) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error(ApiError(f"no route {request.url.path}; this frontend serves /v1/completions, "
+                           "/v1/chat/completions and /v1/models", status=404, code="not_found"), {})
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return _error(ApiError(f"{request.method} is not allowed on {request.url.path}", status=405,
+                           code="method_not_allowed"), {})
 
 
 async def _disconnected(request: Request) -> None:

@@ -43,7 +43,7 @@ def build(args: argparse.Namespace) -> app_mod.Frontend:
         raise SystemExit(f"fleetpilot frontend: disaggregated routing for {args.engine} is not implemented yet;"
                          " only vLLM's kv_transfer_params protocol (vllm, simulator) is")
     return app_mod.Frontend(model=args.model, mode=args.mode, discovery=found, policy=routing.make_policy(args.router),
-                            retries=args.retries)
+                            retries=args.retries, max_model_len=args.max_model_len)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,5 +69,8 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--retries", type=int, default=3, help="workers tried when a connection is refused")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the model's context window in tokens: max_tokens at or above it is refused before "
+                             "any worker sees the request (prompt lengths stay the engine's check)")
     parser.add_argument("--drain-seconds", type=int, default=120, help="how long in-flight streams may finish")
     parser.set_defaults(func=run)
