@@ -66,14 +66,25 @@ class EngineGauges:
 
 
 def gauge_queries(*, namespace: str, graph: str, labels: Labels) -> dict[str, str]:
-    """The PromQL for the fast path's engine gauges (pure)."""
-    def total(metric: str, component: str) -> str:
-        return f'sum({metric}{{{labels.namespace}="{namespace}",{labels.graph}="{graph}",component="{component}"}})'
+    """The PromQL for the fast path's queue gauges (pure).
+
+    The frontend's own view first (`fleetpilot_frontend_requests_in_phase`: it sees every request's
+    phase whatever the engine): requests in the prefill hop, prefilled ones waiting for their first
+    token, streaming ones. Where no frontend exports it, vLLM's engine gauges of the prefill and decode
+    workers (PromQL `or`: the right side only when the left has no series).
+    """
+    selector = f'{labels.namespace}="{namespace}",{labels.graph}="{graph}"'
+
+    def phase(name: str) -> str:
+        return f'sum(fleetpilot_frontend_requests_in_phase{{{selector},phase="{name}"}})'
+
+    def engine(metric: str, component: str) -> str:
+        return f'sum({metric}{{{selector},component="{component}"}})'
 
     return {
-        "prefill_waiting": total("vllm:num_requests_waiting", "prefill"),
-        "decode_running": total("vllm:num_requests_running", "decode"),
-        "decode_waiting": total("vllm:num_requests_waiting", "decode"),
+        "prefill_waiting": f'{phase("prefill")} or {engine("vllm:num_requests_waiting", "prefill")}',
+        "decode_running": f'{phase("decoding")} or {engine("vllm:num_requests_running", "decode")}',
+        "decode_waiting": f'{phase("first_token")} or {engine("vllm:num_requests_waiting", "decode")}',
     }
 
 

@@ -39,7 +39,7 @@ from starlette.routing import Route
 from fleetpilot.api import contract
 from fleetpilot.frontend import routing
 from fleetpilot.frontend.discovery import Discovery
-from fleetpilot.frontend.metrics import FrontendMetrics
+from fleetpilot.frontend.metrics import PHASES, FrontendMetrics
 from fleetpilot.frontend.validation import ApiError, validate
 
 logger = logging.getLogger("fleetpilot.frontend")
@@ -109,11 +109,20 @@ class Tracker:
     last_token: float | None = None
     tokens: int = 0
     usage: dict[str, Any] | None = None
+    phase: str | None = None  # where the request is now (metrics.PHASES); None once finished
+    on_phase: Callable[[str | None, str | None], None] | None = None  # (old, new): keeps the phase gauge
+
+    def enter(self, phase: str | None) -> None:
+        if phase != self.phase:
+            if self.on_phase is not None:
+                self.on_phase(self.phase, phase)
+            self.phase = phase
 
     def token(self) -> None:
         now = time.monotonic()
         if self.first_token is None:
             self.first_token = now
+            self.enter("decoding")
         self.last_token = now
         self.tokens += 1
 
@@ -146,6 +155,8 @@ class Frontend:
         self.policy = policy
         self.decode_policy: routing.Policy = routing.LeastLoaded()
         self.metrics = metrics or FrontendMetrics()
+        for phase in PHASES:  # every phase exported from the start, at 0: "none waiting" is a reading too
+            self.metrics.in_phase.labels(model, phase)
         self.retries = retries
         self.request_timeout = request_timeout
         self.max_model_len = max_model_len
@@ -286,7 +297,14 @@ class Frontend:
 
     # -- request handling ----------------------------------------------------------------------------
 
+    def _phase_changed(self, old: str | None, new: str | None) -> None:
+        if old is not None:
+            self.metrics.in_phase.labels(self.model, old).dec()
+        if new is not None:
+            self.metrics.in_phase.labels(self.model, new).inc()
+
     def _finish(self, tracker: Tracker, status: str) -> None:
+        tracker.enter(None)
         model = self.model
         self.metrics.requests.labels(model, status).inc()
         self.metrics.inflight.labels(model).dec()
@@ -310,13 +328,16 @@ class Frontend:
     async def _chunks(self, path: str, body: dict[str, Any], tracker: Tracker) -> AsyncIterator[dict[str, Any]]:
         blocks = routing.block_hashes(prompt_text(body))
         if self.mode == "disaggregated":
+            tracker.enter("prefill")
             body = dict(body, kv_transfer_params=await self._prefill(path, body, blocks, tracker.request_id))
             tracker.prefilled = time.monotonic()
+        tracker.enter("first_token")
         async for chunk in self._stream(path, body, blocks, tracker):
             yield chunk
 
     async def handle(self, request: Request) -> Response:
-        tracker = Tracker(request_id=request.headers.get("x-request-id") or uuid.uuid4().hex)  # clock starts now
+        tracker = Tracker(request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,  # clock starts now
+                          on_phase=self._phase_changed)
         headers = {"x-request-id": tracker.request_id}
         path = request.url.path
         try:

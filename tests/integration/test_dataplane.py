@@ -143,6 +143,28 @@ def test_client_disconnect_cancels_the_work_on_the_workers(fleet: Fleet) -> None
     assert fleet.frontend.metric('fleetpilot_frontend_requests_total{model="llama-8b",status="cancelled"}') == 1
 
 
+PHASE_SAMPLE = re.compile(r'^fleetpilot_frontend_requests_in_phase\{model="[^"]*",phase="([a-z_]+)"\} (\S+)$',
+                          re.MULTILINE)
+
+
+def phases(process: Process) -> dict[str, float]:
+    text = httpx.get(process.url + "/metrics", timeout=5).text
+    return {m.group(1): float(m.group(2)) for m in PHASE_SAMPLE.finditer(text)}
+
+
+def test_the_frontend_knows_where_each_request_is(fleet: Fleet) -> None:
+    """The fast path's engine-independent queue signal: a long stream counts as decoding while it
+    streams, and every phase is back at 0 once the client has gone."""
+    assert phases(fleet.frontend) == {"prefill": 0.0, "first_token": 0.0, "decoding": 0.0}
+    with httpx.Client(timeout=60) as client:
+        lines = stream_lines(client, fleet.frontend.url, completion(100_000))
+        for _ in range(3):
+            next(lines)
+        assert phases(fleet.frontend) == {"prefill": 0.0, "first_token": 0.0, "decoding": 1.0}
+        lines.close()  # type: ignore[attr-defined]
+    wait_for(lambda: sum(phases(fleet.frontend).values()) == 0, timeout=20, what="the phases to empty")
+
+
 def test_killed_decode_worker_fails_only_its_own_stream(fleet: Fleet) -> None:
     with httpx.Client(timeout=60) as client:
         lines = stream_lines(client, fleet.frontend.url, completion(100_000))

@@ -135,12 +135,15 @@ def test_the_live_fast_path_does_nothing_without_queues_and_never_scales_down() 
     assert reaction is not None and not reaction.changed and not kube.patches
 
 
-def test_the_fast_path_reads_the_engines_own_gauges_per_component() -> None:
+def test_the_fast_path_reads_the_frontends_phases_and_falls_back_to_the_engines_gauges() -> None:
     from fleetpilot.planner import observe
 
     found = observe.gauge_queries(namespace="ns", graph="g", labels=observe.Labels())
-    assert found["decode_waiting"] == 'sum(vllm:num_requests_waiting{namespace="ns",graph="g",component="decode"})'
-    assert found["prefill_waiting"].endswith('component="prefill"})')
+    assert found["decode_waiting"] == (
+        'sum(fleetpilot_frontend_requests_in_phase{namespace="ns",graph="g",phase="first_token"})'
+        ' or sum(vllm:num_requests_waiting{namespace="ns",graph="g",component="decode"})')
+    assert 'phase="prefill"' in found["prefill_waiting"] and found["prefill_waiting"].endswith('component="prefill"})')
+    assert 'phase="decoding"' in found["decode_running"]
 
 
 def test_a_planner_that_starts_loads_each_graphs_history_from_prometheus() -> None:
