@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import math
+import random
 import socket
 import time
 import uuid
@@ -62,9 +63,45 @@ FILLER_WORDS = (
 )
 
 
-def filler_token(index: int) -> str:
-    """Token `index` of every simulated output: deterministic, one word per token."""
-    return " " + FILLER_WORDS[index % len(FILLER_WORDS)]
+def filler_token(index: int, seed: int | None = None) -> str:
+    """Token `index` of a simulated output, one word per token: the same sequence for every request
+    (greedy), or with a `seed` a word drawn by a generator seeded with it (same seed, same text)."""
+    if seed is None:
+        return " " + FILLER_WORDS[index % len(FILLER_WORDS)]
+    return " " + FILLER_WORDS[random.Random(seed * 1_000_003 + index).randrange(len(FILLER_WORDS))]
+
+
+@dataclasses.dataclass
+class TextSampler:
+    """What a request asked of its text: `seed` (ignored at temperature 0: greedy is deterministic) and
+    `stop` sequences. `add` takes the next token and returns (text to send, the stop sequence that
+    ended the output or None): as OpenAI does, the stop sequence itself is not sent."""
+
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    text: str = ""
+    sent: int = 0
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> TextSampler:
+        stop = body.get("stop")
+        stops = (stop,) if isinstance(stop, str) else tuple(s for s in stop or () if isinstance(s, str) and s)
+        temperature = body.get("temperature")
+        seed = body.get("seed")
+        greedy = isinstance(temperature, (int, float)) and temperature == 0
+        seeded = isinstance(seed, int) and not isinstance(seed, bool) and not greedy
+        return cls(seed=seed if seeded else None, stop=stops)
+
+    def add(self, index: int) -> tuple[str, str | None]:
+        self.text += filler_token(index, self.seed)
+        hits = [(self.text.find(s, max(0, self.sent - len(s) + 1)), s) for s in self.stop]
+        found = min(((at, s) for at, s in hits if at >= 0), default=None)
+        if found is not None:
+            at, sequence = found
+            out, self.sent = self.text[self.sent:at], at
+            return out, sequence
+        out, self.sent = self.text[self.sent:], len(self.text)
+        return out, None
 
 
 class BadRequest(ValueError):
@@ -198,6 +235,7 @@ class _Generation:
     created: int
     mode: scheduler.Mode
     stream: engine.RequestStream
+    sampler: TextSampler = dataclasses.field(default_factory=TextSampler)
 
     def kv_transfer_params(self, event: scheduler.TokenEvent, config: ServerConfig) -> dict[str, Any] | None:
         if self.mode is not scheduler.Mode.PREFILL_ONLY or not event.finished:
@@ -319,7 +357,8 @@ class _Service:
             return _error(str(error), kind="ServiceUnavailableError", code=503)
         if mode is scheduler.Mode.REMOTE_PREFILL and isinstance(params, dict):
             self._notify_prefill(params)
-        generation = _Generation(request_id, chat, self.config.served_model, int(time.time()), mode, stream)
+        generation = _Generation(request_id, chat, self.config.served_model, int(time.time()), mode, stream,
+                                 TextSampler.from_body(body))
         if body.get("stream"):
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -336,18 +375,20 @@ class _Service:
                         yield _sse_line(gen.chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
                                                    "logprobs": None, "finish_reason": None}))
                     produced += 1
-                    text = filler_token(event.index)
+                    text, stopped = gen.sampler.add(event.index)
                     choice: dict[str, Any] = {"index": 0, "logprobs": None,
-                                              "finish_reason": event.finish_reason}
+                                              "finish_reason": "stop" if stopped else event.finish_reason}
                     if gen.chat:
                         choice["delta"] = {"content": text}
                     else:
-                        choice.update(text=text, stop_reason=None)
+                        choice.update(text=text, stop_reason=stopped)
                     chunk = gen.chunk(choice)
                     params = gen.kv_transfer_params(event, self.config)
                     if params is not None:
                         chunk["kv_transfer_params"] = params
                     yield _sse_line(chunk)
+                    if stopped:
+                        break  # leaving `async with` cancels the rest of the generation
         except engine.EngineStopped as error:
             yield _sse_line(error_body(str(error), kind="ServiceUnavailableError", code=503))
         if include_usage:
@@ -357,9 +398,20 @@ class _Service:
     async def _collect(self, gen: _Generation, request: Request) -> Response:
         """A non-streaming answer; a client that goes away before it is ready cancels the request."""
 
+        pieces: list[str] = []
+        stopped: str | None = None
+
         async def consume() -> list[scheduler.TokenEvent]:
-            async with gen.stream:
-                return [event async for event in gen.stream]
+            nonlocal stopped
+            events = []
+            async with gen.stream:  # leaving it at a stop sequence cancels the rest of the generation
+                async for event in gen.stream:
+                    events.append(event)
+                    text, stopped = gen.sampler.add(event.index)
+                    pieces.append(text)
+                    if stopped:
+                        break
+            return events
 
         work = asyncio.create_task(consume())
         watch = asyncio.create_task(_disconnected(request))
@@ -376,9 +428,9 @@ class _Service:
             events = work.result()
         except engine.EngineStopped as error:
             return _error(str(error), kind="ServiceUnavailableError", code=503)
-        text = "".join(filler_token(event.index) for event in events)
-        finish = events[-1].finish_reason if events else None
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        text = "".join(pieces)
+        finish = "stop" if stopped else events[-1].finish_reason if events else None
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "stop_reason": stopped}
         if gen.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:

@@ -139,3 +139,15 @@ def test_no_worker_is_a_503_before_the_stream_and_health_differs_from_ready(tmp_
 def test_ready_when_both_roles_have_a_worker(fleet: Fleet) -> None:
     ready = httpx.get(fleet.frontend.url + "/ready", timeout=5)
     assert ready.status_code == 200 and ready.json()["missing_workers"] == []
+
+
+def test_stop_sequences_and_seeds_reach_the_engine(client: openai.OpenAI) -> None:
+    stopped = client.completions.create(model=MODEL, prompt="once upon a time", max_tokens=64, stop=["quiet"])
+    assert stopped.choices[0].finish_reason == "stop" and "quiet" not in stopped.choices[0].text
+    assert stopped.usage is not None and stopped.usage.completion_tokens < 64
+
+    def seeded(seed: int) -> str:
+        answer = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, seed=seed)
+        return answer.choices[0].message.content or ""
+
+    assert seeded(5) == seeded(5) != seeded(6)

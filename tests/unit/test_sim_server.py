@@ -316,3 +316,32 @@ def test_graceful_shutdown_lets_an_in_flight_stream_finish() -> None:
         assert len([e for e in events if isinstance(e, dict)]) == 199
         w.thread.join(timeout=30)
         assert not w.thread.is_alive()
+
+
+# -- stop sequences and seeded sampling --------------------------------------------------------------
+
+
+def test_a_stop_sequence_ends_the_output_before_it_and_frees_the_engine() -> None:
+    """The greedy text is " the fleet sails on a quiet sea ...": stop at "quiet" after 6 tokens, the
+    sequence itself not sent, finish_reason "stop", and the engine's request cancelled, not run to 64."""
+    with worker() as w:
+        body = {"model": MODEL, "prompt": words(20), "max_tokens": 64, "stop": ["quiet", "never"]}
+        answer = httpx.post(w.url + "/v1/completions", json=body, timeout=30).json()
+        (choice,) = answer["choices"]
+        assert choice["text"] == " the fleet sails on a " and choice["finish_reason"] == "stop"
+        assert choice["stop_reason"] == "quiet" and answer["usage"]["completion_tokens"] == 6
+        events = stream_all(w.url + "/v1/completions", dict(body, stream=True))
+        text = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+        assert text == " the fleet sails on a " and events[-2]["choices"][0]["finish_reason"] == "stop"
+        wait_for(lambda: w.metric("vllm:num_requests_running") == 0, what="the engine to drop the rest")
+        assert w.metric("vllm:generation_tokens_total") < 64  # two requests of 64, each cut at 6
+
+
+def test_a_seed_gives_the_same_text_and_another_seed_another() -> None:
+    def text(w: Worker, **sampling: Any) -> str:
+        body = {"model": MODEL, "prompt": words(10), "max_tokens": 24, **sampling}
+        return str(httpx.post(w.url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"])
+
+    with worker() as w:
+        assert text(w, seed=1) == text(w, seed=1) != text(w, seed=2)
+        assert text(w, seed=1, temperature=0) == text(w) == "".join(server.filler_token(i) for i in range(24))
