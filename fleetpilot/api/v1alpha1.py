@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "fleetpilot.dev"
@@ -223,7 +223,11 @@ class PlannerSpec(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra=_cel(
-            ("self.mode == 'off' || has(self.sla)", "planner.sla is required when planner.mode is advisory or sla")
+            ("self.mode == 'off' || has(self.sla)", "planner.sla is required when planner.mode is advisory or sla"),
+            # A CEL rule rather than minimum/maximum: the apiserver prints a fractional maximum as "0".
+            ("!has(self.risk) || (self.risk >= 0.5 && self.risk <= 0.999)",
+             ("planner.risk must lie from 0.5 to 0.999: the forecast quantile to provision for, e.g. 0.9 for the "
+             "load exceeded one interval in ten")),
         )
     )
 
@@ -234,12 +238,20 @@ class PlannerSpec(ApiModel):
     predictor: Literal["constant", "arima", "prophet", "kalman"] = "arima"
     interval_seconds: int = Field(default=60, ge=10, le=3600)
     risk: float = Field(
-        default=0.9, ge=0.5, le=0.999,
+        default=0.9,
         description=("The forecast quantile the planner sizes for: at 0.9 it provisions for the load it expects "
                      "to be exceeded one interval in ten (0.99: one in a hundred, more GPUs). Calibrated online "
                      "against the load that came, so it means the same on any traffic."),
     )
     gpu_budget: int | None = Field(default=None, ge=1, description="Most GPUs the planner may use for this graph.")
+
+    @field_validator("risk")
+    @classmethod
+    def _risk_in_range(cls, risk: float) -> float:
+        if not 0.5 <= risk <= 0.999:
+            raise ValueError("planner.risk must lie from 0.5 to 0.999: the forecast quantile to provision for, "
+                             "e.g. 0.9 for the load exceeded one interval in ten")
+        return risk
     budget: str | None = Field(
         default=None, pattern=DNS1035_LABEL, max_length=63,
         description="A GPU budget shared with other graphs naming it; its size is the planner's --gpu-budget.",

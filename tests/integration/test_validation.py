@@ -133,11 +133,11 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     ),
     "risk-above-range": (
         _set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "risk": 1.0}),
-        ["spec.planner.risk", "should be less than or equal to 0.999"],
+        ["spec.planner", "planner.risk must lie from 0.5 to 0.999"],
     ),
     "risk-below-the-median": (
         _set("spec.planner", {"risk": 0.3}),
-        ["spec.planner.risk", "should be greater than or equal to 0.5"],
+        ["spec.planner", "planner.risk must lie from 0.5 to 0.999", "0.9 for the load exceeded one interval in ten"],
     ),
     "missing-model": (
         _delete("spec.model"),
