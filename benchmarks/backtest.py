@@ -109,6 +109,16 @@ def fidelity_rows(scenario_: evaluate.Scenario, done: Mapping[str, evaluate.Grou
     return out
 
 
+def coverage_section() -> list[str]:
+    """The forecast coverage table (benchmarks/forecast_coverage.py writes it; it runs on its own, being
+    a property of the predictors and their calibration, not of any fleet)."""
+    path = RESULTS / "forecast_coverage.md"
+    if not path.exists():
+        return ["## Forecast coverage", "", "Not measured: run benchmarks/forecast_coverage.py.", ""]
+    body = path.read_text().splitlines()[1:]  # its own title goes: this is a section here
+    return ["## Forecast coverage: does the calibrated q-quantile cover q of the load?", *body, ""]
+
+
 def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, evaluate.Summary]]],
                  sections: list[str], fidelity: list[str], skipped: bool, total: float, *, finished: bool) -> None:
     groups = list(dict.fromkeys(g for _, summary in headline for g in summary))
@@ -158,6 +168,7 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
         "| scenario | policy | knob | GPU-hours | per request | fluid | |", "|---|---|---:|---:|---:|---:|---|",
         *fidelity, "",
     ]
+    footer += coverage_section()
     if skipped:
         note = plots.skipped_note("timelines and cost curves")
         header += [note, ""]
