@@ -318,6 +318,10 @@ class Frontend:
             self.metrics.ttft.labels(model).observe(tracker.first_token - tracker.started)
         if tracker.prefilled is not None:
             self.metrics.prefill.labels(model).observe(tracker.prefilled - tracker.started)
+            if tracker.first_token is not None:
+                self.metrics.first_token_wait.labels(model).observe(tracker.first_token - tracker.prefilled)
+        if tracker.first_token is not None and tracker.last_token is not None:
+            self.metrics.decode.labels(model).observe(tracker.last_token - tracker.first_token)
         itl = tracker.mean_itl()
         if itl is not None:
             self.metrics.itl.labels(model).observe(itl)

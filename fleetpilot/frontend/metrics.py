@@ -44,6 +44,14 @@ class FrontendMetrics:
             "Disaggregated graphs: from request received until the prefill worker handed the KV cache over "
             "(queueing and prompt compute): TTFT's part that prefill answers for; the rest is KV transfer "
             "and waiting for a decode slot.", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.first_token_wait = Histogram(
+            "fleetpilot_frontend_first_token_wait_seconds",
+            "Disaggregated graphs: from the prefill worker handing the KV cache over until the first token "
+            "(KV transfer and waiting for a decode slot): TTFT's part that decode answers for.",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decode = Histogram(
+            "fleetpilot_frontend_decode_seconds", "From the first token to the last: the generation itself.",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.arrival_burst = Histogram(
             "fleetpilot_frontend_arrival_burst_rps",
             "One observation per request: the requests this frontend received in the trailing "

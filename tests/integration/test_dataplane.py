@@ -288,6 +288,10 @@ def test_replaying_a_minute_of_the_azure_trace_counts_every_request(tmp_path: Pa
     prefill_p50, prefilled = histogram_quantile(metrics, "fleetpilot_frontend_prefill_seconds", 0.5)
     assert prefilled == len(requests)
     assert 0 < prefill_p50 < frontend_p50
+    # The rest of TTFT (KV transfer, a decode slot) and the generation: the breakdown a dashboard shows.
+    _, waited = histogram_quantile(metrics, "fleetpilot_frontend_first_token_wait_seconds", 0.5)
+    _, decoded = histogram_quantile(metrics, "fleetpilot_frontend_decode_seconds", 0.5)
+    assert waited == decoded == len(requests)
     # The arrival burst each request saw (the planner sizes prefill for its percentile): one sample per
     # request, and at the 90th percentile above the replay's mean rate (the trace comes in bursts).
     burst_p90, burst_counted = histogram_quantile(metrics, "fleetpilot_frontend_arrival_burst_rps", 0.9)
