@@ -90,7 +90,7 @@ class PrefillCapacity:
     reason: str
 
 
-DecodeLimit = Literal["itl", "kv", "grid", "unreachable"]
+DecodeLimit = Literal["itl", "kv", "grid", "engine", "unreachable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,8 @@ class DecodeCapacity:
     """What one decode replica sustains at an ISL/OSL and ITL target, with the numbers behind it.
 
     `max_concurrency` is the ceiling and `limited_by` says what sets it: `itl` (the target), `kv`
-    (the KV cache is full first), `grid` (the profile measured no higher concurrency), `unreachable`
+    (the KV cache is full first), `grid` (the profile measured no higher concurrency), `engine` (the
+    running-sequence cap the fleet has shown, which the profile may not know), `unreachable`
     (ITL exceeds the target even at the lowest measured concurrency; `best_effort_rps` is then the
     rate at that concurrency, the lowest ITL the profile knows). `concurrency` is where the best rate
     up to the ceiling is reached (usually the ceiling itself).
@@ -376,8 +377,13 @@ class CapacityModel:
             )
         return TargetCheck(True, f"ITL {floor.value * 1e3:.1f} ms at concurrency {lowest:g}{note}")
 
-    def decode_capacity(self, isl: float, osl: float, itl_target_s: float) -> DecodeCapacity:
-        """Requests/s one decode replica sustains with ITL under the target (see the module docstring)."""
+    def decode_capacity(self, isl: float, osl: float, itl_target_s: float, *,
+                        max_running: float | None = None) -> DecodeCapacity:
+        """Requests/s one decode replica sustains with ITL under the target (see the module docstring).
+
+        `max_running`: the most sequences a replica of the fleet has been seen to run at once (an
+        engine's batch cap, e.g. vLLM's max_num_seqs); the ceiling never passes it.
+        """
         _check_positive(isl=isl, osl=osl, itl_target_s=itl_target_s)
         context = isl + osl / 2.0
         bracket = self._bracket(context)
@@ -401,6 +407,8 @@ class CapacityModel:
             )
         top = min(reach, kv_bound)
         limit: DecodeLimit = "kv" if kv_bound < reach else "grid"
+        if max_running is not None and 0 < max_running < top:
+            top, limit = max(max_running, lowest), "engine"
         ceiling = top
         # ITL is linear in concurrency between the rows' breakpoints: walk them, stop at the first
         # crossing of the target and solve that segment exactly.
@@ -504,6 +512,7 @@ _LIMIT_WORDS: dict[DecodeLimit, str] = {
     "itl": "the ITL target",
     "kv": "the KV cache",
     "grid": "the highest concurrency the profile measured",
+    "engine": "the sequences a replica of the fleet ran at most",
     "unreachable": "an unreachable target",
 }
 

@@ -65,6 +65,11 @@ class Observation:
     # The arrival rate the SLA percentile's request saw over the trailing `contract.BURST_WINDOW_S`
     # (request-weighted): how bursty the interval was at the time scale prefill must serve.
     burst_rate_rps: float | None = None
+    # Sequences the decode pool was running, and prefilled requests waiting for a decode slot, at the
+    # interval's end (graph totals). Waiting while every replica runs its fill says how many sequences
+    # the fleet's engines run at most, which the profile may not know. None where not measured.
+    decode_running: float | None = None
+    decode_waiting: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -159,6 +164,7 @@ class GraphMemory:
     forecast_for_now: float | None = None  # last interval's forecast of this interval's rate
     calibration: tuple[sizing.Corrections, ...] = ()  # the last intervals' estimates (NaN: not measured)
     bursts: tuple[float, ...] = ()  # the last intervals' `burstiness` (≥ 1)
+    decode_max_running: float | None = None  # learned by `learn_max_running`; None: not seen yet
     pending: tuple[PendingForecast, ...] = ()  # the last horizon's forecasts, newest last
     forecast_calibration: Mapping[str, conformal.Calibration] = dataclasses.field(default_factory=dict)  # per load
 
@@ -271,6 +277,29 @@ def burstiness(burst_rate_rps: float, rate_rps: float, *, percentile: float) -> 
     return max(1.0, burst_rate_rps / poisson) if poisson > 0 else 1.0
 
 
+# Prefilled requests waiting for a decode slot beyond this share of those running: the slots are full.
+_SLOTS_FULL = 0.05
+
+
+def learn_max_running(known: float | None, observation: Observation, decode_replicas: int) -> float | None:
+    """The most sequences one decode replica runs at once, as far as the fleet has shown (pure).
+
+    Requests waiting for a slot while the replicas run R sequences each: the engines run no more than
+    R (a batch cap such as vLLM's max_num_seqs, or a KV cache smaller than profiled), so R it is. Without
+    waiting, a replica seen running more than the known cap raises it (the cap was a transient). An
+    engine property, not a load: it is kept, not averaged away, until the fleet shows otherwise.
+    """
+    running, waiting = observation.decode_running, observation.decode_waiting
+    if running is None or waiting is None or decode_replicas < 1 or running <= 0:
+        return known
+    per_replica = running / decode_replicas
+    if waiting >= 1 and waiting > _SLOTS_FULL * running:
+        return per_replica
+    if known is not None and per_replica > known:
+        return per_replica
+    return known
+
+
 def calibrated(estimates: tuple[sizing.Corrections, ...]) -> sizing.Corrections:
     """The corrections to size with: per field, the median of the estimates that measured it."""
     def median(field: str, default: float) -> float:
@@ -367,9 +396,15 @@ def plan_interval(
                               level=recent_mean(memory.rates))
     load = load_at_risk(pending, memory, risk=config.risk, burst=burst)
     memory = dataclasses.replace(memory, pending=(*memory.pending, pending)[-config.horizon_steps:])
-    estimate = interval_corrections(config, capacity, observation, ready if ready is not None else current)
-    memory = dataclasses.replace(memory, calibration=(*memory.calibration, estimate)[-CALIBRATION_INTERVALS:])
-    corrections = calibrated(memory.calibration)
+    serving = ready if ready is not None else current
+    estimate = interval_corrections(config, capacity, observation, serving)
+    max_running = memory.decode_max_running
+    if config.disaggregated:
+        max_running = learn_max_running(max_running, observation, serving.get("decode", 0))
+    memory = dataclasses.replace(memory, calibration=(*memory.calibration, estimate)[-CALIBRATION_INTERVALS:],
+                                 decode_max_running=max_running)
+    corrections = dataclasses.replace(calibrated(memory.calibration),
+                                      decode_max_running=max_running if max_running is not None else math.nan)
     if config.disaggregated:
         desired = sizing.size(load, capacity, config.sla, corrections)
     else:

@@ -117,9 +117,18 @@ class PrometheusObserver:
             return Observation(time=now, error=f"Prometheus at {self.url} unavailable: {error}")
         if values["rate_rps"] is None:
             return Observation(time=now, error=f"no fleetpilot_frontend_* series for {namespace}/{graph} in Prometheus")
+        # The decode pool's fill now (the fast path's queries): what teaches the planner the engines' cap.
+        decode: dict[str, float | None] = {}
+        for name in ("decode_running", "decode_waiting"):
+            try:
+                decode[name] = self._scalar(gauge_queries(namespace=namespace, graph=graph, labels=self.labels)[name],
+                                            now=now, max_age_s=window_s)
+            except Exception:  # noqa: BLE001 - optional: planning goes on without it
+                decode[name] = None
         return Observation(time=now, rate_rps=values["rate_rps"], isl=values["isl"], osl=values["osl"],
                            ttft_s=values["ttft_s"], itl_s=values["itl_s"], prefill_s=values["prefill_s"],
-                           itl_mean_s=values["itl_mean_s"], burst_rate_rps=values["burst_rate_rps"])
+                           itl_mean_s=values["itl_mean_s"], burst_rate_rps=values["burst_rate_rps"],
+                           decode_running=decode["decode_running"], decode_waiting=decode["decode_waiting"])
 
     def history(self, *, namespace: str, graph: str, window_s: int, points: int) -> History:
         """The last `points` intervals before the current one: rate, mean ISL and OSL per interval (range

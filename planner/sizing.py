@@ -109,6 +109,10 @@ class Corrections:
     decode: float = 1.0
     prefill_offset_s: float = 0.0
     decode_offset_s: float = 0.0
+    # The most sequences one decode replica of the fleet runs at once (its engine's batch cap), learned
+    # when prefilled requests were seen waiting for a slot; NaN: not seen yet. The profile may have been
+    # measured with a larger cap (or assumes the KV cache is the only limit).
+    decode_max_running: float = math.nan
 
 
 def correction(observed_s: float | None, expected_s: float | None) -> float:
@@ -200,14 +204,18 @@ def _prefill_need(
 
 
 def _decode_need(
-    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float, offset_s: float
+    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float, offset_s: float,
+    max_running: float = math.nan,
 ) -> _PhaseNeed:
     target = sla.itl_ms / 1e3
     offset, offset_words = _offset_words("ITL", offset_s, target)
-    cap = capacity.decode_capacity(load.isl, load.osl, (target - offset) / factor)
+    cap = capacity.decode_capacity(load.isl, load.osl, (target - offset) / factor,
+                                   max_running=max_running if math.isfinite(max_running) else None)
     if cap.target_met:
         per_replica = cap.rate_rps / factor
         how = f"{per_replica:.3g} req/s per replica at concurrency {cap.concurrency:.1f}{offset_words}"
+        if cap.limited_by == "engine":
+            how += f" (the fleet runs at most {max_running:.0f} sequences per replica)"
     elif cap.best_effort_rps > 0:
         per_replica = cap.best_effort_rps / factor
         how = (f"{cap.reason}{offset_words}; sized for the lowest ITL the profile knows "
@@ -252,7 +260,8 @@ def size(
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
     prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s)
-    decode = _decode_need(load, decode_model, sla, d_factor, corrections.decode_offset_s)
+    decode = _decode_need(load, decode_model, sla, d_factor, corrections.decode_offset_s,
+                          corrections.decode_max_running)
     p_replicas = _replicas_for(prefill.replicas)
     d_replicas = _replicas_for(decode.replicas)
     reason = (
@@ -281,7 +290,8 @@ def size_aggregated(
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
     prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s)
-    decode = _decode_need(load, capacity, sla, d_factor, corrections.decode_offset_s)
+    decode = _decode_need(load, capacity, sla, d_factor, corrections.decode_offset_s,
+                          corrections.decode_max_running)
     replicas = _replicas_for(prefill.replicas + decode.replicas)
     reason = (
         f"{load.words()}: aggregated {replicas} = "

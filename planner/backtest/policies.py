@@ -435,6 +435,7 @@ class Fleetpilot(Base):
             time=now, rate_rps=stats.rate_rps, isl=stats.isl_mean, osl=stats.osl_mean,
             ttft_s=stats.ttft_p, itl_s=stats.itl_p, prefill_s=stats.prefill_p, prefill_busy=stats.prefill_busy,
             itl_mean_s=stats.itl_mean, burst_rate_rps=stats.burst_rate_p,
+            decode_running=stats.decode_running, decode_waiting=stats.decode_waiting,
         )
         plan, self.memory = core.plan_interval(
             self.config, observation, self.memory, current=self._current, capacity=self.setting.capacity,

@@ -76,3 +76,30 @@ def test_a_budget_caps_the_decision_but_the_claim_says_what_was_wanted(model: ca
                                  capacity=model, now=0.0)
     assert sum(plan.replicas.values()) <= 4
     assert plan.wanted_gpus is not None and plan.wanted_gpus > 4
+
+
+def test_the_decode_running_cap_is_learned_from_requests_waiting_for_a_slot() -> None:
+    """Waiting for a slot while each replica runs 256: the engines run no more. Without waiting, a
+    replica seen running more raises the cap; an interval that says nothing keeps it."""
+    def seen_decode(running: float, waiting: float) -> core.Observation:
+        return core.Observation(time=0.0, decode_running=running, decode_waiting=waiting)
+
+    assert core.learn_max_running(None, seen_decode(512, 300), decode_replicas=2) == 256
+    assert core.learn_max_running(None, seen_decode(512, 3), decode_replicas=2) is None  # a few: not full
+    assert core.learn_max_running(256, seen_decode(600, 0), decode_replicas=2) == 300
+    assert core.learn_max_running(256, seen_decode(100, 0), decode_replicas=2) == 256
+    assert core.learn_max_running(256, core.Observation(time=0.0), decode_replicas=2) == 256
+
+
+def test_a_decode_backlog_the_profile_does_not_explain_adds_decode(model: capacity.CapacityModel) -> None:
+    """The profile says one decode replica holds hundreds of sequences; the fleet's engines run 64 and
+    the rest wait. Once seen, the plan sizes decode for 64 per replica."""
+    observation = core.Observation(time=0.0, rate_rps=30.0, isl=2000, osl=200, ttft_s=20.0, itl_s=0.02,
+                                   prefill_s=0.2, decode_running=64.0, decode_waiting=400.0)
+    blind, _ = core.plan_interval(config(), dataclasses.replace(observation, decode_running=None),
+                                  core.GraphMemory(), current=ONE_EACH, capacity=model, now=0.0)
+    learned, memory = core.plan_interval(config(), observation, core.GraphMemory(), current=ONE_EACH,
+                                         capacity=model, now=0.0)
+    assert memory.decode_max_running == 64.0 and learned.corrections.decode_max_running == 64.0
+    assert learned.replicas["decode"] > blind.replicas["decode"]
+    assert learned.replicas["prefill"] == blind.replicas["prefill"]

@@ -510,3 +510,16 @@ def test_each_pool_says_what_set_its_replicas() -> None:
     assert decide(desire(6, 3), {"prefill": 2, "decode": 2}, max_step_up=2).binding["prefill"] == "step-limit"
     assert decide(desire(3, 4), {"prefill": 6, "decode": 4}, budget=12).binding["prefill"] == "budget"
     assert set(decide(desire(1, 1), {"prefill": 4, "decode": 2}, data_ok=False).binding.values()) == {"no-data"}
+
+
+def test_a_learned_running_cap_limits_what_a_decode_replica_is_sized_for() -> None:
+    """The profile lets a decode replica run up to its ITL ceiling (50); a fleet whose engines run at most 20
+    sequences each serves fewer requests per replica, and sizing uses the smaller ceiling."""
+    free = TINY.decode_capacity(800, 400, 0.020)
+    capped = TINY.decode_capacity(800, 400, 0.020, max_running=20.0)
+    assert free.max_concurrency > 20 and capped.max_concurrency == 20 and capped.limited_by == "engine"
+    assert capped.rate_rps < free.rate_rps
+    plain = sizing.size(LOAD, TINY, SLA)
+    learned = sizing.size(LOAD, TINY, SLA, sizing.Corrections(decode_max_running=20.0))
+    assert learned.decode > plain.decode and learned.prefill == plain.prefill
+    assert "the fleet runs at most 20 sequences per replica" in learned.reason
