@@ -197,15 +197,23 @@ def test_planner_scales_up_with_load_down_after_the_hold_and_holds_without_metri
 
     lowered_at = time.monotonic()
     exporter.rate_rps = 1.0
-    first_drop = wait_for(lambda: (r := replicas(kubectl, namespace)) != high and r, timeout=90,
-                          what="a scale-down after the hold")
+    # The way up may take more than one step (the calibrated quantile widens once the jump is scored):
+    # the peak is the highest count seen, and a scale-down is a count below it.
+    peak = dict(high)
+
+    def dropped() -> dict[str, int] | None:
+        now = replicas(kubectl, namespace)
+        for c, most in peak.items():
+            peak[c] = max(most, now[c])
+        return now if any(now[c] < peak[c] for c in peak) else None
+
+    first_drop = wait_for(dropped, timeout=90, what="a scale-down after the hold")
     waited = time.monotonic() - lowered_at
-    print(f"first scale-down to {first_drop} {waited:.1f}s after the rate fell")
+    print(f"first scale-down to {first_drop} {waited:.1f}s after the rate fell (peak {peak})")
     assert waited >= 20 - 1, "scaled down before the 20 s hold"
     # Down to the highest target of the hold (the HPA's stabilisation window), never below what ran before
     # the rise: each component's hold ends on its own, so the first change may move only one of them.
-    assert all(low[c] <= first_drop[c] <= high[c] for c in high), (high, first_drop)
-    assert any(first_drop[c] < high[c] for c in high), (high, first_drop)
+    assert all(low[c] <= first_drop[c] <= peak[c] for c in peak), (peak, first_drop)
 
     planned["prometheus"].stop()
     before = replicas(kubectl, namespace)
