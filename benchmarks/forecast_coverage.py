@@ -113,8 +113,7 @@ def run(series: Series, name: str) -> Coverage:
             fresh += 1
             for load in series.loads:
                 mean, spread = pending.load(load, age)
-                realised = rate * {"requests": 1.0, "input_tokens": isl or pending.isl,
-                                   "output_tokens": osl or pending.osl}[load]
+                realised = rate * core.load_length(load, isl or pending.isl, osl or pending.osl)
                 for q in LEVELS:
                     if scored:
                         gaussian[load][q].append(realised <= max(0.0, mean + z[q] * spread))

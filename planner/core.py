@@ -142,14 +142,15 @@ class PendingForecast:
 
     def load(self, name: str, step: int) -> tuple[float, float]:
         """(mean, spread) of load `name` at `step` (0-based)."""
-        length = _length(name, self.isl, self.osl)
+        length = load_length(name, self.isl, self.osl)
         return self.rate_mean[step] * length, self.rate_spread[step] * length
 
     def floor(self, name: str) -> float:
-        return conformal.SPREAD_FLOOR_SHARE * self.level * _length(name, self.isl, self.osl)
+        return conformal.SPREAD_FLOOR_SHARE * self.level * load_length(name, self.isl, self.osl)
 
 
-def _length(name: str, isl: float, osl: float) -> float:
+def load_length(name: str, isl: float, osl: float) -> float:
+    """What one request counts for in load `name` (one of LOADS): 1, its prompt or its output tokens."""
     return {"requests": 1.0, "input_tokens": isl, "output_tokens": osl}[name]
 
 
@@ -319,7 +320,7 @@ def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: f
             continue  # not due, or a forecast with no opinion of its error (too little history) to score by
         for name in LOADS:
             mean, spread = pending.load(name, age)
-            realised = rate * _length(name, isl or pending.isl, osl or pending.osl)
+            realised = rate * load_length(name, isl or pending.isl, osl or pending.osl)
             calibrations[name] = conformal.update(calibrations.get(name, conformal.Calibration()),
                                                   mean, spread, realised, levels, floor=pending.floor(name))
     return dataclasses.replace(memory, forecast_calibration=calibrations)
@@ -334,7 +335,7 @@ def load_at_risk(forecast: PendingForecast, memory: GraphMemory, *, risk: float,
         calibration = memory.forecast_calibration.get(name, conformal.Calibration())
         quantiles = (conformal.quantile(calibration, *forecast.load(name, step), risk, floor=forecast.floor(name))
                      for step in range(len(forecast.rate_mean)))
-        return max(quantiles) / _length(name, isl, osl)
+        return max(quantiles) / load_length(name, isl, osl)
     return sizing.Load(rate_rps=peak("input_tokens"), isl=isl, osl=osl, burst=burst,
                        decode_rate_rps=peak("output_tokens"))
 

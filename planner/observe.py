@@ -119,10 +119,10 @@ class PrometheusObserver:
             return Observation(time=now, error=f"no fleetpilot_frontend_* series for {namespace}/{graph} in Prometheus")
         # The decode pool's fill now (the fast path's queries): what teaches the planner the engines' cap.
         decode: dict[str, float | None] = {}
+        fill = gauge_queries(namespace=namespace, graph=graph, labels=self.labels)
         for name in ("decode_running", "decode_waiting"):
             try:
-                decode[name] = self._scalar(gauge_queries(namespace=namespace, graph=graph, labels=self.labels)[name],
-                                            now=now, max_age_s=window_s)
+                decode[name] = self._scalar(fill[name], now=now, max_age_s=window_s)
             except Exception:  # noqa: BLE001 - optional: planning goes on without it
                 decode[name] = None
         return Observation(time=now, rate_rps=values["rate_rps"], isl=values["isl"], osl=values["osl"],

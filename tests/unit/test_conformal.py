@@ -12,19 +12,10 @@ import math
 
 import numpy as np
 import pytest
+from test_planner_core import config
 
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity, conformal, core, live, predict
-
-
-def config(**planner: object) -> core.GraphPlanConfig:
-    spec = api.DynamoGraphSpec.model_validate({
-        "model": {"name": "m"}, "engine": {"framework": "simulator"},
-        "components": {"prefill": {"scaling": {"min": 1, "max": 64}}, "decode": {"scaling": {"min": 1, "max": 64}}},
-        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
-                    "intervalSeconds": 60, **planner},
-    })
-    return core.config_from_spec(spec, startup_s=120, hold_s=300)
 
 
 def _covered(outcomes: np.ndarray, q: float, *, mean: float = 10.0, spread: float = 1.0) -> np.ndarray:
@@ -172,7 +163,7 @@ def test_a_higher_risk_asks_for_more_replicas_on_noisy_load() -> None:
     chosen: dict[float, core.Plan] = {}
     model = capacity.CapacityModel(live.simulator_profile(1))
     for risk in (0.5, 0.99):
-        graph = config(risk=risk)
+        graph = config(max_replicas=64, risk=risk)
         memory = core.GraphMemory()
         current = {"prefill": 1, "decode": 1}
         for k, rate in enumerate(rates):

@@ -15,10 +15,11 @@ def model() -> capacity.CapacityModel:
     return capacity.CapacityModel(live.simulator_profile(1))
 
 
-def config(**planner: object) -> core.GraphPlanConfig:
+def config(*, max_replicas: int = 16, **planner: object) -> core.GraphPlanConfig:
+    bounds = {"scaling": {"min": 1, "max": max_replicas}}
     spec = api.DynamoGraphSpec.model_validate({
         "model": {"name": "m"}, "engine": {"framework": "simulator"},
-        "components": {"prefill": {"scaling": {"min": 1, "max": 16}}, "decode": {"scaling": {"min": 1, "max": 16}}},
+        "components": {"prefill": bounds, "decode": bounds},
         "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
                     "intervalSeconds": 60, **planner},
     })
