@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from prometheus_api_client import PrometheusConnect
 
+from fleetpilot.api import contract
 from fleetpilot.planner.core import Observation
 
 
@@ -76,7 +77,7 @@ def gauge_queries(*, namespace: str, graph: str, labels: Labels) -> dict[str, st
     selector = f'{labels.namespace}="{namespace}",{labels.graph}="{graph}"'
 
     def phase(name: str) -> str:
-        return f'sum(fleetpilot_frontend_requests_in_phase{{{selector},phase="{name}"}})'
+        return f'sum({contract.PHASE_METRIC}{{{selector},phase="{name}"}})'
 
     def engine(metric: str, component: str) -> str:
         return f'sum({metric}{{{selector},component="{component}"}})'

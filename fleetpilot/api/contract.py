@@ -52,6 +52,12 @@ MANAGED_BY = OPERATOR
 
 WORKER_ROLES = ("prefill", "decode", "aggregated")
 
+#: The frontend's gauge of requests in flight by phase, which the planner's fast path reads (from the
+#: frontends directly, or through Prometheus): in the prefill hop, prefilled and waiting for the first
+#: token (a decode slot, the KV transfer), streaming.
+PHASE_METRIC = "fleetpilot_frontend_requests_in_phase"
+PHASES = ("prefill", "first_token", "decoding")
+
 
 def child_name(graph: str, component: str) -> str:
     """`<graph>-<component>`: the DynamoGraphComponent and every object it owns."""
@@ -60,6 +66,22 @@ def child_name(graph: str, component: str) -> str:
 
 def graph_selector(graph: str) -> dict[str, str]:
     return {LABEL_GRAPH: graph}
+
+
+def pod_http_url(pod: dict[str, Any], *, default_port: int = 8000) -> str | None:
+    """`http://<pod IP>:<its "http" port>` for a Ready pod that is not going away, else None: where a
+    frontend sends requests to a worker, and where the planner reads a frontend's /metrics."""
+    meta, status = pod.get("metadata", {}), pod.get("status", {})
+    ip = status.get("podIP")
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+    if not ip or not ready or meta.get("deletionTimestamp"):
+        return None
+    port = default_port
+    for container in pod.get("spec", {}).get("containers", []):
+        for declared in container.get("ports", []):
+            if declared.get("name") == "http":
+                port = int(declared["containerPort"])
+    return f"http://{ip}:{port}"
 
 
 # -- time ------------------------------------------------------------------------------------------

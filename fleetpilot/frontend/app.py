@@ -10,10 +10,12 @@ contract) even for clients that asked for one JSON answer. A connection failure 
 came back is retried on another worker; a failure mid-stream ends that stream with an error event.
 A client that goes away cancels the upstream request, and with it the work on the worker.
 
-Errors are OpenAI's (`validation.ApiError`): a request is validated before any worker sees it, a
-streaming request that fails before its first token gets a JSON error with a 4xx/5xx status rather
-than a 200 and an error event, a worker's own refusal is relayed with its status, message and
-`param`, and no worker address ever reaches a client (it goes to the log, with the request id).
+Errors are OpenAI's (`validation.ApiError`): a request is validated before any worker sees it (in a
+disaggregated graph also its prompt + `max_tokens` against the context window, counted by a prefill
+worker's `/tokenize` when a cheap bound cannot tell that it fits), a streaming request that fails
+before its first token gets a JSON error with a 4xx/5xx status rather than a 200 and an error event,
+a worker's own refusal is relayed with its status, message and `param`, and no worker address ever
+reaches a client (it goes to the log, with the request id).
 """
 
 from __future__ import annotations
@@ -40,11 +42,19 @@ from fleetpilot.api import contract
 from fleetpilot.frontend import routing
 from fleetpilot.frontend.discovery import Discovery
 from fleetpilot.frontend.metrics import PHASES, FrontendMetrics
-from fleetpilot.frontend.validation import ApiError, validate
+from fleetpilot.frontend.validation import (
+    ApiError,
+    check_context,
+    completion_budget,
+    message_text,
+    prompt_token_bound,
+    validate,
+)
 
 logger = logging.getLogger("fleetpilot.frontend")
 
 QUARANTINE_SECONDS = 5.0
+TOKENIZE_TIMEOUT_S = 5.0
 CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
@@ -79,10 +89,7 @@ def prompt_text(body: dict[str, Any]) -> str:
     if "messages" in body:
         parts = []
         for message in body.get("messages") or []:
-            content = message.get("content", "")
-            if isinstance(content, list):
-                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            parts.append(f"{message.get('role', '')}: {content}")
+            parts.append(f"{message.get('role', '')}: {message_text(message.get('content'))}")
         return "\n".join(parts)
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
@@ -159,7 +166,8 @@ class Frontend:
             self.metrics.in_phase.labels(model, phase)
         self.retries = retries
         self.request_timeout = request_timeout
-        self.max_model_len = max_model_len
+        self.max_model_len = max_model_len  # the flag's, else learned from the first worker that counts a prompt
+        self.tokenize_supported = True  # until a worker answers /tokenize with 404: then the engine checks alone
         self.load: dict[str, int] = defaultdict(int)
         self.quarantined: dict[str, float] = {}
         self.prefix_cache = routing.PrefixCache()  # a model of the workers' KV caches, for any policy
@@ -222,6 +230,59 @@ class Frontend:
                 break
         logger.warning("request %s: no %s worker reachable, last error: %s", request_id, role, last)
         raise unavailable(f"no {role} worker reachable for model {self.model}; retry later")
+
+    # -- before the first hop ------------------------------------------------------------------------
+
+    async def _check_context(self, body: dict[str, Any], *, chat: bool, request_id: str) -> None:
+        """Refuse a request whose prompt + output cannot fit the context window before a prefill worker
+        computes its KV cache (the decode worker would refuse it only after). Requests that surely fit
+        by `prompt_token_bound` cost nothing; the rest are counted by a prefill worker's `/tokenize`
+        (vLLM's). Without an answer the request goes on, and the engine's own check stands."""
+        budget = completion_budget(body, chat=chat)
+        if budget is None or not self.tokenize_supported:
+            return
+        budget_param, max_tokens = budget
+        if self.max_model_len is not None and prompt_token_bound(body, chat=chat) + max_tokens <= self.max_model_len:
+            return
+        counted = await self._tokenize(body, chat=chat, request_id=request_id)
+        if counted is None:
+            return
+        tokens, window = counted
+        if self.max_model_len is None and window is not None:
+            self.max_model_len = window
+            logger.info("context window of %s learned from a worker: %d tokens", self.model, window)
+        if self.max_model_len is not None:
+            check_context(tokens, max_tokens, self.max_model_len, chat=chat, budget_param=budget_param)
+
+    async def _tokenize(self, body: dict[str, Any], *, chat: bool, request_id: str) -> tuple[int, int | None] | None:
+        """(prompt tokens, the worker's context window) from the least loaded prefill worker, or None."""
+        candidates = self._candidates("prefill", set())
+        if not candidates:
+            return None
+        worker = min(candidates, key=lambda w: self.load[w.url])
+        question = {"model": self.model, "messages": body["messages"]} if chat else {"model": self.model,
+                                                                                     "prompt": body["prompt"]}
+        try:
+            response = await self.client.post(worker.url + "/tokenize", json=question, timeout=TOKENIZE_TIMEOUT_S)
+        except httpx.HTTPError as error:
+            logger.warning("request %s: could not count its prompt on %s (%r); the engine will check it",
+                           request_id, worker.name or worker.url, error)
+            return None
+        if response.status_code in (404, 405):
+            logger.info("the prefill workers have no /tokenize; prompt length against the context window stays the "
+                        "engine's check")
+            self.tokenize_supported = False
+            return None
+        if response.status_code >= 400:
+            raise relayed("prefill", response.status_code, response.text, request_id)
+        try:
+            answer = response.json()
+            count, window = int(answer["count"]), answer.get("max_model_len")
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            logger.warning("request %s: %s answered /tokenize without a count (%r); the engine will check it",
+                           request_id, worker.name or worker.url, error)
+            return None
+        return count, int(window) if isinstance(window, int) else None
 
     # -- the two hops --------------------------------------------------------------------------------
 
@@ -348,8 +409,11 @@ class Frontend:
             body = await request.json()
         except json.JSONDecodeError as error:
             return _error(ApiError(f"the request body is not JSON: {error}", code="invalid_json"), headers)
+        chat = path.endswith("/chat/completions")
         try:
-            validate(body, chat=path.endswith("/chat/completions"), model=self.model, max_model_len=self.max_model_len)
+            validate(body, chat=chat, model=self.model, max_model_len=self.max_model_len)
+            if self.mode == "disaggregated":
+                await self._check_context(body, chat=chat, request_id=tracker.request_id)
         except ApiError as error:
             self.metrics.rejected.labels(self.model, error.param or "").inc()
             return _error(error, headers)

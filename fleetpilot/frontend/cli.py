@@ -48,9 +48,11 @@ def build(args: argparse.Namespace) -> app_mod.Frontend:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every upstream call at INFO: two lines per request, on the hot path, with worker addresses.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     frontend = build(args)
     config = uvicorn.Config(frontend.app(), host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=args.drain_seconds, backlog=4096)
+                            timeout_graceful_shutdown=args.drain_seconds, backlog=4096, http=args.http, loop=args.loop)
     DrainingServer(config, frontend).run()
     return 0
 
@@ -71,6 +73,11 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--retries", type=int, default=3, help="workers tried when a connection is refused")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="the model's context window in tokens: max_tokens at or above it is refused before "
-                             "any worker sees the request (prompt lengths stay the engine's check)")
+                             "any worker sees the request; without it the window is learned from the first prefill "
+                             "worker's /tokenize answer, which also counts prompts that may not fit")
+    parser.add_argument("--http", choices=("auto", "httptools", "h11"), default="auto",
+                        help="uvicorn's HTTP parser (auto: httptools when installed)")
+    parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                        help="uvicorn's event loop (auto: uvloop when installed)")
     parser.add_argument("--drain-seconds", type=int, default=120, help="how long in-flight streams may finish")
     parser.set_defaults(func=run)

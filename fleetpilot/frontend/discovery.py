@@ -46,19 +46,13 @@ class StaticDiscovery:
 
 
 def worker_from_pod(pod: dict[str, Any], *, default_port: int = 8000) -> Worker | None:
-    """A Ready pod with an IP becomes a worker; anything else is not routable."""
-    meta, status = pod.get("metadata", {}), pod.get("status", {})
+    """A Ready worker pod with an IP becomes a worker; anything else is not routable."""
+    meta = pod.get("metadata", {})
     role = meta.get("labels", {}).get(contract.LABEL_COMPONENT)
-    ip = status.get("podIP")
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
-    if role not in contract.WORKER_ROLES or not ip or not ready or meta.get("deletionTimestamp"):
+    url = contract.pod_http_url(pod, default_port=default_port)
+    if role not in contract.WORKER_ROLES or url is None:
         return None
-    port = default_port
-    for container in pod.get("spec", {}).get("containers", []):
-        for declared in container.get("ports", []):
-            if declared.get("name") == "http":
-                port = int(declared["containerPort"])
-    return Worker(f"http://{ip}:{port}", role, meta.get("name", ""))
+    return Worker(url, role, meta.get("name", ""))
 
 
 class PodDiscovery:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fleetpilot.api import contract
+
 # Bounds 15% apart from 1 ms to 60 s: a percentile read from the histogram lands within about 7%
 # of the exact one, finer than any SLA people set.
 LATENCY_BUCKETS = tuple(round(0.001 * 1.15**i, 6) for i in range(79)) + (60.0,)
 # Requests/s from 0.2 (one request in a 5 s window) to about 13,000, 20% apart.
 RATE_BUCKETS = tuple(round(0.2 * 1.2**i, 3) for i in range(62))
-PHASES = ("prefill", "first_token", "decoding")
+PHASES = contract.PHASES
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -29,7 +31,7 @@ class FrontendMetrics:
                                 "Requests refused before any worker saw them, by the field at fault (param).",
                                 ["model", "param"], registry=r)
         self.in_phase = Gauge(
-            "fleetpilot_frontend_requests_in_phase",
+            contract.PHASE_METRIC,
             "Requests in flight by where they are: prefill (the prefill hop: queued or computing), first_token "
             "(prefilled, or aggregated and sent, waiting for the first token: a decode slot and the KV transfer), "
             "decoding (streaming tokens). The planner's fast path reads them: any engine, no engine metrics needed.",

@@ -5,8 +5,10 @@ the expensive part before the decode worker reads the rest of the request; a req
 refuses has cost a full prefill and a KV cache. Everything the frontend can check without the model's
 tokenizer is checked first: the shapes of `messages`/`prompt`, the numeric ranges of the sampling
 parameters, what the frontend cannot do (`n` above 1: one stream per request), and `max_tokens`
-against the context window when the workers said how long it is. Token counts against the window
-need the tokenizer and stay the engine's check (the decode worker's answer is relayed as it is).
+against the context window when the workers said how long it is. Prompt + `max_tokens` against the
+window needs the model's tokenizer: `prompt_token_bound` says, without one, when a request surely
+fits, and only the others are counted by a worker's `/tokenize` (the frontend's part) and judged
+by `check_context`.
 
 Errors follow OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with status 400 (404
 for an unknown model), and name the field (`param`) and what to send instead. Pure: a dict in, an
@@ -22,6 +24,10 @@ from typing import Any
 # Roles the chat template of common engines accepts.
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+# What a chat template adds around the text: role headers and separators per message, BOS and the
+# generation prompt once. Generous for the templates of common models (Llama 3: 5 per message).
+TEMPLATE_TOKENS_PER_MESSAGE = 8
+TEMPLATE_TOKENS_FIXED = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,3 +157,55 @@ def validate(body: Any, *, chat: bool, model: str, max_model_len: int | None = N
             raise _bad("logprobs", "must be true or false for chat completions (top_logprobs says how many)")
         if not chat and (not _is_int(logprobs) or not 0 <= logprobs <= 20):
             raise _bad("logprobs", "must be an integer from 0 to 20 for completions")
+
+
+def message_text(content: Any) -> str:
+    """A chat message's text: the string, or its text parts joined (images and other parts carry none)."""
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content or "")
+
+
+def completion_budget(body: dict[str, Any], *, chat: bool) -> tuple[str, int] | None:
+    """The output length a (validated) request asks for and the field that asks it, or None when it
+    leaves it to the engine (whose default fits the window by construction)."""
+    for param in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
+        value = body.get(param)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return param, value
+    return None
+
+
+def prompt_token_bound(body: dict[str, Any], *, chat: bool) -> int:
+    """An upper bound of the prompt's tokens without the tokenizer: byte-level BPE and SentencePiece
+    with byte fallback never make more tokens than the text has UTF-8 bytes, and a chat template adds
+    a few per message. Token-id prompts are counted exactly."""
+    if chat:
+        messages = body.get("messages") or []
+        text_bytes = 0
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            text_bytes += len(message_text(content).encode())
+        return text_bytes + TEMPLATE_TOKENS_PER_MESSAGE * len(messages) + TEMPLATE_TOKENS_FIXED
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(p) if isinstance(p, list) else len(str(p).encode()) for p in prompt) + TEMPLATE_TOKENS_FIXED
+    return len(str(prompt or "").encode()) + TEMPLATE_TOKENS_FIXED
+
+
+def check_context(prompt_tokens: int, max_tokens: int, window: int, *, chat: bool,
+                  budget_param: str = "max_tokens") -> None:
+    """Raise OpenAI's `context_length_exceeded` when the prompt and the output it asks for do not fit
+    the model's context window; `param` names what to change (the prompt when it alone is too long)."""
+    if prompt_tokens + max_tokens <= window:
+        return
+    prompt_param = "messages" if chat else "prompt"
+    if prompt_tokens >= window:
+        raise ApiError(f"{prompt_param}: this model's context window is {window} tokens and the prompt alone "
+                       f"takes {prompt_tokens}; shorten it", param=prompt_param, code="context_length_exceeded")
+    raise ApiError(f"{budget_param}: this model's context window is {window} tokens; the prompt takes "
+                   f"{prompt_tokens}, so at most {window - prompt_tokens} are left for the output, and "
+                   f"{max_tokens} were asked for; ask for fewer or shorten the prompt", param=budget_param,
+                   code="context_length_exceeded")

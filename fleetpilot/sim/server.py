@@ -4,15 +4,17 @@ Where it sits: `cli` (flags, uvicorn) → this module (HTTP requests ↔ engine 
 SSE shapes, `kv_transfer_params`) → `engine` (scheduling and timing) and `metrics` (Prometheus).
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (streaming and not), `GET /v1/models`,
-`GET /health` (200 while the engine loop runs), `GET /metrics`, and `POST /sim/kv_pull`, the
-simulator's stand-in for NIXL's "I have read your blocks" notice from a decode worker.
+`POST /tokenize` (vLLM's: the prompt's token count and the context window, no generation), `GET
+/health` (200 while the engine loop runs), `GET /metrics`, and `POST /sim/kv_pull`, the simulator's
+stand-in for NIXL's "I have read your blocks" notice from a decode worker.
 
 Token counting, since the simulator has no tokenizer: a text prompt counts its whitespace-separated
 words × `tokens_per_word` (default 1.0, rounded up, at least 1); a completions `prompt` given as a
 list of token ids counts its ids; chat counts the words of all message contents (text parts only,
 no chat-template overhead). Output text is deterministic filler: token i is " " + one of a fixed
 list of words, so the output's word count equals its token count. Only one prompt and `n = 1` per
-request are supported; `stop`, `temperature` and other sampling fields are accepted and ignored.
+request are supported; `stop` sequences end the output (`TextSampler`), a `seed` picks the words
+(greedy at temperature 0), and the other sampling fields are accepted and have no effect.
 
 Disaggregation (vLLM's NixlConnector protocol): a prefill-role worker given
 `kv_transfer_params.do_remote_decode` prefills only (max_tokens forced to 1) and answers with the
@@ -130,6 +132,11 @@ def count_text_tokens(text: str, tokens_per_word: float) -> int:
     return max(1, math.ceil(words * tokens_per_word)) if words else 0
 
 
+def simulated_token_ids(count: int) -> list[int]:
+    """Token ids for a prompt of `count` tokens: the simulator has no vocabulary, only the count is real."""
+    return list(range(count))
+
+
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
@@ -166,6 +173,13 @@ def chat_prompt_tokens(messages: Any, tokens_per_word: float) -> int:
         elif isinstance(content, list):
             texts += [str(part.get("text", "")) for part in content if isinstance(part, dict)]
     return max(1, count_text_tokens(" ".join(texts), tokens_per_word))
+
+
+def prompt_tokens(body: dict[str, Any], *, chat: bool, tokens_per_word: float) -> int:
+    """Prompt length of a chat (`messages`) or completions (`prompt`) request."""
+    if chat:
+        return chat_prompt_tokens(body.get("messages"), tokens_per_word)
+    return completion_prompt_tokens(body.get("prompt"), tokens_per_word)
 
 
 def requested_max_tokens(body: dict[str, Any], *, chat: bool, config: ServerConfig) -> int:
@@ -217,6 +231,17 @@ class _EngineStreamResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._stream.cancel()
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    """The request's body as a JSON object, or BadRequest saying what it is instead."""
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as error:
+        raise BadRequest(f"request body is not JSON: {error}") from error
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
 
 
 async def _disconnected(request: Request) -> None:
@@ -301,6 +326,17 @@ class _Service:
             "max_model_len": self.engine.scheduler.config.max_model_len,
         }]})
 
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's `/tokenize`: how many tokens a prompt or a chat takes, and the context window; the
+        frontend asks it before a prefill whether prompt + max_tokens fits."""
+        try:
+            body = await _json_object(request)
+            count = prompt_tokens(body, chat="messages" in body, tokens_per_word=self.config.tokens_per_word)
+        except BadRequest as error:
+            return _error(str(error))
+        return JSONResponse({"count": count, "max_model_len": self.engine.scheduler.config.max_model_len,
+                             "tokens": simulated_token_ids(count), "token_strs": None})
+
     async def kv_pull(self, request: Request) -> Response:
         """A decode worker has started pulling a held request's KV: free it after the transfer time."""
         try:
@@ -324,22 +360,16 @@ class _Service:
 
     async def _generate(self, request: Request, *, chat: bool) -> Response:
         try:
-            body = await request.json()
-        except json.JSONDecodeError as error:
-            return _error(f"request body is not JSON: {error}")
-        if not isinstance(body, dict):
-            return _error("request body must be a JSON object")
+            body = await _json_object(request)
+        except BadRequest as error:
+            return _error(str(error))
         model = body.get("model")
         if model not in (None, self.config.served_model):
             return _error(f"The model `{model}` does not exist.", kind="NotFoundError", code=404)
         try:
             if body.get("n") not in (None, 1):
                 raise BadRequest("the simulator supports only n = 1")
-            factor = self.config.tokens_per_word
-            if chat:
-                prompt_tokens = chat_prompt_tokens(body.get("messages"), factor)
-            else:
-                prompt_tokens = completion_prompt_tokens(body.get("prompt"), factor)
+            prompt = prompt_tokens(body, chat=chat, tokens_per_word=self.config.tokens_per_word)
             max_tokens = requested_max_tokens(body, chat=chat, config=self.config)
         except BadRequest as error:
             return _error(str(error))
@@ -348,7 +378,7 @@ class _Service:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if mode is scheduler.Mode.PREFILL_ONLY:
             max_tokens = 1  # the decode worker generates; vLLM's proxies ask prefill for one token
-        spec = scheduler.RequestSpec(prompt_tokens, max_tokens, mode, request_id)
+        spec = scheduler.RequestSpec(prompt, max_tokens, mode, request_id)
         try:
             stream = self.engine.submit(spec)
         except scheduler.RequestRejected as error:
@@ -482,6 +512,7 @@ def create_app(
         ("/v1/completions", service.completions, post),
         ("/v1/chat/completions", service.chat_completions, post),
         ("/v1/models", service.models, get),
+        ("/tokenize", service.tokenize, post),
         ("/health", service.health, get),
         ("/metrics", service.prometheus, get),
         ("/sim/kv_pull", service.kv_pull, post),

@@ -67,8 +67,8 @@ class Process:
 
 class Fleet:
     def __init__(self, log_dir: Path, *, prefill: int = 2, decode: int = 2, router: str = "round-robin",
-                 speedup: int = 10, preset: str = "llama-3.1-8b") -> None:
-        worker = ["sim", "worker", "--model", MODEL, "--speedup", str(speedup), "--model-preset", preset]
+                 speedup: int = 10, preset: str = "llama-3.1-8b", worker_args: tuple[str, ...] = ()) -> None:
+        worker = ["sim", "worker", "--model", MODEL, "--speedup", str(speedup), "--model-preset", preset, *worker_args]
         self.prefill = [Process(f"prefill-{i}", [*worker, "--role", "prefill"], log_dir) for i in range(prefill)]
         self.decode = [Process(f"decode-{i}", [*worker, "--role", "decode"], log_dir) for i in range(decode)]
         for process in self.workers:

@@ -22,10 +22,13 @@ from .test_dataplane import MODEL, Fleet, Process
 
 pytestmark = pytest.mark.integration
 
+CONTEXT_WINDOW = 4096  # the workers' --max-model-len; the frontend is not told it and learns it
+
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    running = Fleet(tmp_path_factory.mktemp("openai"), prefill=1, decode=1)
+    running = Fleet(tmp_path_factory.mktemp("openai"), prefill=1, decode=1,
+                    worker_args=("--max-model-len", str(CONTEXT_WINDOW)))
     yield running
     running.stop()
 
@@ -110,12 +113,38 @@ def test_unknown_routes_answer_json(fleet: Fleet) -> None:
     assert wrong.status_code == 405 and "GET" in wrong.json()["error"]["message"]
 
 
-def test_a_worker_refusal_is_relayed_with_its_status_and_without_its_address(client: openai.OpenAI) -> None:
-    """The simulator's context window is 131,072 tokens: a prompt of 200,000 words is the engine's to
-    refuse (the frontend has no tokenizer); the client gets the engine's 400, not a 502 'upstream error'."""
+def words(n: int) -> str:
+    return " ".join(f"w{i}" for i in range(n))  # the simulator counts one token per word
+
+
+@pytest.mark.parametrize(("prompt_words", "max_tokens", "stream", "param"), [
+    (1000, CONTEXT_WINDOW - 999, True, "max_tokens"),  # the prompt fits, prompt + output does not
+    (1000, CONTEXT_WINDOW - 999, False, "max_tokens"),
+    (CONTEXT_WINDOW + 10, 4, True, "prompt"),
+])
+def test_a_request_that_overflows_the_context_window_is_refused_before_any_prefill(
+        fleet: Fleet, client: openai.OpenAI, prompt_words: int, max_tokens: int, stream: bool, param: str) -> None:
+    """The prefill worker gets `max_tokens: 1`, so it would prefill such a request and only the decode
+    worker would refuse it: the frontend counts the prompt on a prefill worker's /tokenize first."""
+    before = prefilled_tokens(fleet)
     with pytest.raises(openai.BadRequestError) as raised:
-        client.completions.create(model=MODEL, prompt="w " * 200_000, max_tokens=4, stream=True)
-    assert "maximum context length" in raised.value.message
+        client.completions.create(model=MODEL, prompt=words(prompt_words), max_tokens=max_tokens, stream=stream)
+    assert raised.value.param == param and raised.value.code == "context_length_exceeded"
+    assert str(CONTEXT_WINDOW) in raised.value.message
+    assert prefilled_tokens(fleet) == before
+
+
+def test_a_request_that_fills_the_context_window_exactly_is_served(client: openai.OpenAI) -> None:
+    answer = client.completions.create(model=MODEL, prompt=words(1000), max_tokens=CONTEXT_WINDOW - 1000)
+    assert answer.usage is not None and answer.usage.prompt_tokens + answer.usage.completion_tokens == CONTEXT_WINDOW
+
+
+def test_a_worker_refusal_is_relayed_with_its_status_and_without_its_address(client: openai.OpenAI) -> None:
+    """An empty prompt is the engine's to refuse (vLLM does, for models without a BOS token): the
+    client gets the engine's 400 and message, not a 502 'upstream error', and no worker address."""
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model=MODEL, prompt="", max_tokens=4, stream=True)
+    assert "empty" in raised.value.message
     assert "127.0.0.1" not in raised.value.message and "http://" not in raised.value.message
 
 

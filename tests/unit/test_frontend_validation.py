@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from fleetpilot.frontend.validation import ApiError, validate
+from fleetpilot.frontend.validation import (
+    ApiError,
+    check_context,
+    completion_budget,
+    prompt_token_bound,
+    validate,
+)
 
 CHAT: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi", "max_tokens": 8}
@@ -66,3 +72,33 @@ def test_max_tokens_must_leave_room_in_the_context_window_when_it_is_known() -> 
 
 def test_a_body_that_is_not_an_object_is_refused() -> None:
     assert refusal([1, 2]).status == 400
+
+
+def test_the_prompt_bound_is_never_below_a_byte_level_count_and_counts_token_ids_exactly() -> None:
+    text = "héllo wörld, ünïcode costs more bytes"
+    assert prompt_token_bound({"prompt": text}, chat=False) >= len(text.encode())
+    assert prompt_token_bound({"prompt": [5, 6, 7]}, chat=False) == 3
+    two = {"messages": [{"role": "system", "content": "be brief"},
+                        {"role": "user", "content": [{"type": "text", "text": "hi there"}]}]}
+    assert prompt_token_bound(two, chat=True) >= len("be brief") + len("hi there") + 2 * 5  # Llama 3's headers
+
+
+def test_the_completion_budget_names_the_field_that_asked() -> None:
+    assert completion_budget({"max_tokens": 9}, chat=False) == ("max_tokens", 9)
+    assert completion_budget({"max_completion_tokens": 7, "max_tokens": 9}, chat=True) == ("max_completion_tokens", 7)
+    assert completion_budget({"max_completion_tokens": 7}, chat=False) is None
+    assert completion_budget({}, chat=True) is None
+
+
+def test_the_context_check_blames_the_output_unless_the_prompt_alone_is_too_long() -> None:
+    check_context(1000, 3096, 4096, chat=True)  # exactly full is allowed, as vLLM allows it
+    with pytest.raises(ApiError) as output:
+        check_context(1000, 3097, 4096, chat=True)
+    assert (output.value.param, output.value.code) == ("max_tokens", "context_length_exceeded")
+    assert "at most 3096" in output.value.message
+    with pytest.raises(ApiError) as prompt:
+        check_context(5000, 1, 4096, chat=False)
+    assert prompt.value.param == "prompt" and "shorten" in prompt.value.message
+    with pytest.raises(ApiError) as renamed:
+        check_context(4000, 200, 4096, chat=True, budget_param="max_completion_tokens")
+    assert renamed.value.param == "max_completion_tokens"

@@ -201,6 +201,21 @@ def test_models_health_and_errors() -> None:
         assert httpx.post(w.url + "/v1/completions", content=b"{", timeout=5).status_code == 400
 
 
+def test_tokenize_counts_a_prompt_or_a_chat_like_generation_does_and_names_the_window() -> None:
+    with worker() as w:
+        prompt = httpx.post(w.url + "/tokenize", json={"model": MODEL, "prompt": words(7)}, timeout=5).json()
+        assert prompt["count"] == 7 and len(prompt["tokens"]) == 7
+        assert prompt["max_model_len"] == scheduler_mod.SchedulerConfig().max_model_len
+        chat = httpx.post(w.url + "/tokenize", timeout=5, json={
+            "messages": [{"role": "system", "content": words(3)}, {"role": "user", "content": words(4)}]}).json()
+        answered = httpx.post(w.url + "/v1/chat/completions", timeout=10, json={
+            "messages": [{"role": "system", "content": words(3)}, {"role": "user", "content": words(4)}],
+            "max_tokens": 1}).json()
+        assert chat["count"] == answered["usage"]["prompt_tokens"] == 7
+        assert httpx.post(w.url + "/tokenize", json={"prompt": ""}, timeout=5).status_code == 400
+        assert w.metric("vllm:prompt_tokens_total") == 7  # counting is not generating: only the chat above
+
+
 def test_metrics_use_vllm_names_and_count_the_work() -> None:
     with worker() as w:
         for _ in range(3):
