@@ -126,6 +126,7 @@ def config_from_spec(spec: api.DynamoGraphSpec, *, startup_s: float = 120.0, hol
         startup_s=startup_s,
         hold_s=hold_s if hold_s is not None else 5 * planner.interval_seconds,
         risk=planner.risk,
+        reactive_period_s=float(planner.fast_path_seconds) or None,
     )
 
 

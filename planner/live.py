@@ -20,6 +20,7 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import httpx
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -30,7 +31,8 @@ from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import core, reactive, sizing
+from fleetpilot.planner import core, frontends, reactive, sizing
+from fleetpilot.planner import observe as observe_mod
 from fleetpilot.planner.observe import PrometheusObserver
 
 logger = logging.getLogger("fleetpilot.planner")
@@ -72,6 +74,9 @@ BINDING = Gauge("fleetpilot_planner_binding",
 BINDINGS: tuple[sizing.Binding, ...] = typing.get_args(sizing.Binding)
 FAST_PATH = Counter("fleetpilot_planner_fast_path_scale_ups_total",
                     "Replicas the fast path added between intervals, by component.", ["namespace", "graph", "component"])
+FAST_PATH_READS = Counter("fleetpilot_planner_fast_path_reads_total",
+                          "Fast-path readings of a graph's queues, by where they came from: the frontends "
+                          "asked directly, or Prometheus when a frontend did not answer.", ["source"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
 LEADER = Gauge("fleetpilot_planner_leader",
                 "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
@@ -110,6 +115,13 @@ def _set_binding(namespace: str, name: str, pool: str, why: sizing.Binding) -> N
         BINDING.labels(namespace, name, pool, reason).set(1 if reason == why else 0)
 
 
+def _graph_of(pod: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (namespace, graph) a frontend pod serves: the index the fast path looks its frontends up by."""
+    meta = pod.get("metadata", {})
+    graph = meta.get("labels", {}).get(contract.LABEL_GRAPH)
+    return [(meta.get("namespace", ""), graph)] if graph else []
+
+
 class ProfileError(Exception):
     """No usable capacity profile: the planner cannot size this graph."""
 
@@ -143,6 +155,14 @@ class LivePlanner:
             for namespace in self.namespaces
             for kind, store in ((api.GRAPH_KIND, self.graphs), (api.COMPONENT_KIND, self.components))
         ]
+        # The frontend pods, which the fast path asks for their queues directly (planner/frontends.py).
+        self.frontend_pods = informer.Store(indexers={"graph": _graph_of})
+        self._informers += [
+            informer.Informer(kube, "Pod", namespace=namespace, labels={contract.LABEL_COMPONENT: "frontend"},
+                              store=self.frontend_pods)
+            for namespace in self.namespaces
+        ]
+        self._http: httpx.AsyncClient | None = None
         self._started = False
 
     async def run(self, stop: asyncio.Event, *, tick_s: float = 1.0) -> None:
@@ -169,6 +189,9 @@ class LivePlanner:
     async def close(self) -> None:
         for watcher in self._informers:
             await watcher.stop()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     async def tick(self) -> None:
         """Plan every graph whose interval is due."""
@@ -342,9 +365,14 @@ class LivePlanner:
         pool that is short needs, never below the last plan's decision; None when the queues are unknown."""
         graph = api.DynamoGraph.model_validate(body)
         namespace, name = graph.metadata.namespace, graph.metadata.name
-        engines = await asyncio.to_thread(self.observer.gauges, namespace=namespace, graph=name)
+        engines = await self.read_frontends(namespace, name)
+        source = "frontend"
+        if engines is None:
+            engines = await asyncio.to_thread(self.observer.gauges, namespace=namespace, graph=name)
+            source = "prometheus"
         if engines is None:
             return None
+        FAST_PATH_READS.labels(source).inc()
         memory = self.memory.get((namespace, name), core.GraphMemory())
         current, ready = await self._replicas(graph)
         isl = core.recent_mean(memory.isls)
@@ -367,6 +395,16 @@ class LivePlanner:
             await self._event(body, "FastPath", ", ".join(f"{p} {current[p]}→{n}" for p, n in added.items())
                               + f": {why}")
         return reaction
+
+    async def read_frontends(self, namespace: str, name: str) -> observe_mod.EngineGauges | None:
+        """The graph's queues from its Ready frontends' /metrics, or None when any does not answer."""
+        pods = self.frontend_pods.by_index("graph", (namespace, name))
+        urls = [url for pod in pods if (url := contract.pod_http_url(pod)) is not None]
+        if not urls:
+            return None
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        return await frontends.read_gauges(self._http, urls)
 
     def _export(self, namespace: str, name: str, plan: core.Plan, config: core.GraphPlanConfig) -> None:
         HOLDING.labels(namespace, name).set(0 if plan.data_ok else 1)

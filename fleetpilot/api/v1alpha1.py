@@ -244,6 +244,12 @@ class PlannerSpec(ApiModel):
                      "against the load that came, so it means the same on any traffic."),
     )
     gpu_budget: int | None = Field(default=None, ge=1, description="Most GPUs the planner may use for this graph.")
+    fast_path_seconds: int = Field(
+        default=5, ge=0, le=300,
+        description=("How often, between planning intervals, the planner looks at the engines' queues and adds "
+                     "replicas where a burst no forecast saw would break the SLA (only up; never below the last "
+                     "plan). 0 turns the fast path off: only the interval's forecast scales."),
+    )
 
     @field_validator("risk")
     @classmethod

@@ -460,6 +460,7 @@ def test_planner_rbac_never_writes_a_graph_spec() -> None:
         ("fleetpilot.dev", "dynamographs/status"): {"patch"},
         ("fleetpilot.dev", "dynamographcomponents"): {"list", "watch"},
         ("fleetpilot.dev", "dynamographcomponents/scale"): {"patch"},
+        ("", "pods"): {"list", "watch"},  # the frontends, whose queues the fast path reads
         ("", "configmaps"): {"get"},
         ("", "events"): {"create"},
     }

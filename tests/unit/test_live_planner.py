@@ -146,6 +146,75 @@ def test_the_fast_path_reads_the_frontends_phases_and_falls_back_to_the_engines_
     assert 'phase="decoding"' in found["decode_running"]
 
 
+def frontend_exposition(**in_phase: float) -> str:
+    """What a real frontend's /metrics says with that many requests in each phase."""
+    import prometheus_client
+
+    from fleetpilot.frontend.metrics import FrontendMetrics
+
+    metrics = FrontendMetrics()
+    for phase, count in in_phase.items():
+        metrics.in_phase.labels("m", phase).set(count)
+    return prometheus_client.generate_latest(metrics.registry).decode()
+
+
+def frontend_pod(name: str, ip: str, *, graph: str = "g", ready: bool = True) -> dict[str, Any]:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1",
+                                        "labels": {"fleetpilot.dev/graph": graph, "fleetpilot.dev/component": "frontend"}},
+            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000}]}]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_the_frontends_phases_sum_over_frontends_and_need_every_one() -> None:
+    from fleetpilot.planner import frontends
+
+    two = [frontend_exposition(prefill=3, first_token=5, decoding=40), frontend_exposition(first_token=1, decoding=2)]
+    gauges = frontends.gauges_from_expositions(two)
+    assert gauges is not None and (gauges.prefill_waiting, gauges.decode_waiting, gauges.decode_running) == (3, 6, 42)
+    assert frontends.gauges_from_expositions([two[0], "# an engine's metrics, no phases\nup 1\n"]) is None
+    assert frontends.gauges_from_expositions([]) is None
+
+
+def test_the_fast_path_asks_the_frontends_first_and_prometheus_when_one_is_silent() -> None:
+    """Prometheus (a scrape ago) says the engines are idle; the frontends say 300 prefilled requests wait
+    for a decode slot now. The frontends win while both answer; one silent frontend and Prometheus decides."""
+    import httpx
+    from prometheus_client import REGISTRY
+
+    from fleetpilot.planner.observe import EngineGauges
+
+    planner, kube, body = fast_path_planner(EngineGauges(0, 0, 0), floor={"prefill": 2, "decode": 2},
+                                            replicas={"prefill": 2, "decode": 2})
+    state = body.pop("state")
+    for pod in (frontend_pod("f-1", "10.0.0.1"), frontend_pod("f-2", "10.0.0.2"),
+                frontend_pod("f-3", "10.0.0.3", ready=False), frontend_pod("other", "10.0.0.4", graph="h")):
+        planner.frontend_pods.upsert(pod)
+    asked: list[str] = []
+    silent: set[str] = set()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.host)
+        if request.url.host in silent:
+            return httpx.Response(503)
+        return httpx.Response(200, text=frontend_exposition(first_token=150, decoding=100))
+
+    planner._http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+    def reads(source: str) -> float:
+        return REGISTRY.get_sample_value("fleetpilot_planner_fast_path_reads_total", {"source": source}) or 0.0
+
+    before = {source: reads(source) for source in ("frontend", "prometheus")}
+    asyncio.run(planner.react_graph(body, state))
+    assert sorted(asked) == ["10.0.0.1", "10.0.0.2"]  # Ready frontends of this graph only
+    assert kube.patches == [("g-decode", {"spec": {"replicas": 3}})]
+    assert reads("frontend") == before["frontend"] + 1
+
+    silent.add("10.0.0.2")
+    asyncio.run(planner.react_graph(body, state))
+    assert len(kube.patches) == 1  # Prometheus' idle engines: nothing to add
+    assert reads("prometheus") == before["prometheus"] + 1
+
+
 def test_a_planner_that_starts_loads_each_graphs_history_from_prometheus() -> None:
     """The first plan of a graph since the planner started forecasts from the load Prometheus kept, as
     far back as the predictors look; the next ones from its own memory."""

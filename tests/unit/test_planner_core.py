@@ -33,6 +33,14 @@ def seen(rate: float) -> core.Observation:
 ONE_EACH = {"prefill": 1, "decode": 1}
 
 
+def test_the_fast_path_runs_every_five_seconds_unless_the_graph_turns_it_off() -> None:
+    assert config().reactive_period_s == 5.0
+    assert config(fastPathSeconds=20).reactive_period_s == 20.0
+    assert config(fastPathSeconds=0).reactive_period_s is None
+    with pytest.raises(ValueError, match="fastPathSeconds|fast_path_seconds"):
+        config(fastPathSeconds=-1)
+
+
 def test_missing_data_holds_replicas_and_keeps_history(model: capacity.CapacityModel) -> None:
     memory = core.GraphMemory(rates=(5.0,), isls=(2000.0,), osls=(200.0,))
     plan, after = core.plan_interval(config(), core.Observation(time=0.0, error="Prometheus down"), memory,

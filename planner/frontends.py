@@ -1,0 +1,75 @@
+"""The fast path's fresh reading: a graph's frontends asked directly, not through Prometheus.
+
+Why: Prometheus answers with what it scraped up to a scrape interval ago (15-30 s in most clusters),
+and a burst fills a queue in seconds. The frontends know where every request is right now
+(`fleetpilot_frontend_requests_in_phase`), whatever the engine. The live planner watches the frontend
+Pods (one label-selected watch per namespace) and, when the fast path runs, reads each Ready one's
+/metrics. A reading is all or nothing: one frontend that does not answer in time makes it incomplete,
+and the caller falls back to Prometheus.
+
+`gauges_from_expositions` is pure (text in, gauges out); `read_gauges` is the HTTP adapter around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetpilot.api import contract
+from fleetpilot.planner.observe import EngineGauges
+
+logger = logging.getLogger("fleetpilot.planner")
+
+READ_TIMEOUT_S = 1.0  # a frontend slower than this is busy: Prometheus' older reading will do
+
+
+def phases(exposition: str) -> dict[str, float] | None:
+    """Requests per phase in one frontend's /metrics text (summed over models), or None without the metric."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(exposition):
+        if family.name != contract.PHASE_METRIC:
+            continue
+        for sample in family.samples:
+            phase = sample.labels.get("phase", "")
+            counts[phase] = counts.get(phase, 0.0) + sample.value
+    return counts or None
+
+
+def gauges_from_expositions(expositions: Iterable[str]) -> EngineGauges | None:
+    """The fast path's gauges summed over a graph's frontends: requests in the prefill hop, prefilled ones
+    waiting for their first token (a decode slot, the KV transfer), streaming ones. None when there is no
+    frontend or one of them does not export the phases (an older frontend)."""
+    total: dict[str, float] = {}
+    seen = 0
+    for text in expositions:
+        counts = phases(text)
+        if counts is None:
+            return None
+        seen += 1
+        for phase, value in counts.items():
+            total[phase] = total.get(phase, 0.0) + value
+    if not seen:
+        return None
+    return EngineGauges(prefill_waiting=total.get("prefill", 0.0), decode_running=total.get("decoding", 0.0),
+                        decode_waiting=total.get("first_token", 0.0))
+
+
+async def read_gauges(client: httpx.AsyncClient, urls: list[str]) -> EngineGauges | None:
+    """GET every frontend's /metrics at once; None unless there was one and all of them answered."""
+
+    async def one(url: str) -> str | None:
+        try:
+            response = await client.get(url + "/metrics", timeout=READ_TIMEOUT_S)
+        except httpx.HTTPError as error:
+            logger.debug("frontend %s did not answer /metrics: %r", url, error)
+            return None
+        return response.text if response.status_code == 200 else None
+
+    texts = await asyncio.gather(*(one(url) for url in urls))
+    if any(text is None for text in texts):
+        return None
+    return gauges_from_expositions(text for text in texts if text is not None)
