@@ -8,6 +8,7 @@ repository root, on sys.path. FLEETPILOT_E2E_KEEP=1 leaves everything running af
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,29 @@ def wait_load(process: subprocess.Popen[bytes], *, timeout: float) -> None:
     if process.poll() is None:
         process.kill()
         raise AssertionError(f"the load generator ran past {timeout:.0f}s")
+
+
+def run_load(graph: Graph, load_trace: Path, report_path: Path, *, during: Any = None,
+             before: Any = None) -> dict[str, Any]:
+    """Run the load against the graph while sampling; returns samples, the load report and anchors.
+    `before()` runs once the graph is Ready, `during(t0, sampler)` once the load has started."""
+    s = graph.scenario
+    environment = graph.harness
+    url = graph.wait_ready()
+    if before is not None:
+        before()
+    sampler = scenario_mod.Sampler(server=environment.config.server, pki=environment.config.folder / "pki",
+                                   scenario=s, every_s=scenario_mod.SAMPLE_S)
+    t0 = time.time()
+    sampler.start()
+    load = start_load(s, url=url, trace=load_trace, out=report_path)
+    try:
+        if during is not None:
+            during(t0, sampler)
+        wait_load(load, timeout=s.duration_s + 180)
+    finally:
+        if load.poll() is None:
+            load.kill()
+        sampler.stop()
+    report = json.loads(report_path.read_text())
+    return {"samples": sampler.samples, "load": report, "t0": t0, "load_start": report["started_unix"] - t0}

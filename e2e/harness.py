@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -112,6 +113,7 @@ class ManagedProcess:
         return self.popen is not None and self.popen.poll() is None
 
     def stop(self, *, timeout: float = 20.0) -> None:
+        """SIGTERM its process group by the saved PID, SIGKILL what is left after `timeout`."""
         pid = self.saved_pid()
         if pid is not None:
             processes.terminate_group(pid, timeout=timeout)
@@ -266,6 +268,23 @@ class Harness:
 
     # -- operator and planner ----------------------------------------------------------------------------
 
+    @property
+    def planner_metrics_port(self) -> int:
+        return self.config.port_base + 92
+
+    @property
+    def planner_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.planner_metrics_port}/metrics"
+
+    def crash_planner(self) -> None:
+        """Kill the planner as a node failure would (no SIGTERM handler runs), then start a new one."""
+        planner = self.processes["planner"]
+        pid = planner.saved_pid()
+        if pid is not None:
+            os.killpg(pid, signal.SIGKILL)
+        planner.stop(timeout=5)
+        self._start_planner()
+
     def _start_operator(self) -> None:
         namespace, account = self.identities["operator"]
         kubeconfig = self.token_kubeconfig(namespace, account, "operator")
@@ -279,7 +298,7 @@ class Harness:
         kubeconfig = self.token_kubeconfig(namespace, account, "planner")
         self.processes["planner"] = ManagedProcess("planner", [
             str(FLEETPILOT), "planner", "run", "--prometheus-url", self.prometheus_url,
-            "--metrics-port", str(self.config.port_base + 92), *self.planner_args],
+            "--metrics-port", str(self.planner_metrics_port), *self.planner_args],
             state=self.state, env=self._child_env(kubeconfig))
         self.processes["planner"].start()
 

@@ -5,6 +5,8 @@
 #   Python            a virtualenv in ~/.cache/fleetpilot/venv with fleetpilot installed editable
 #   Kubernetes        kube-apiserver, -controller-manager, -scheduler, kubectl and kwok, built by
 #                     scripts/install-k8s.sh into ~/.cache/fleetpilot/
+#   aiperf            NVIDIA's benchmark client, in its own virtualenv ~/.cache/fleetpilot/aiperf-venv
+#                     (e2e drives the frontend with it as users do)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,6 +39,18 @@ if [[ "$(cat "$VENV/.fleetpilot-stamp" 2>/dev/null)" != "$stamp" ]]; then
   echo "install: pip install -e .[dev] (first time: about 2-3 minutes)"
   "$VENV/bin/pip" install -q -e "$repo[dev]"
   echo "$stamp" > "$VENV/.fleetpilot-stamp"
+fi
+
+# -- aiperf ------------------------------------------------------------------------------------------
+# Its own virtualenv: aiperf pins transformers, pandas and friends that the planner's stack must not follow.
+AIPERF_VERSION="0.13.0"
+AIPERF_VENV="$CACHE/aiperf-venv"
+if [[ "$(cat "$AIPERF_VENV/.fleetpilot-stamp" 2>/dev/null)" != "$AIPERF_VERSION" ]]; then
+  echo "install: aiperf $AIPERF_VERSION into $AIPERF_VENV (first time: about 5 minutes)"
+  rm -rf "$AIPERF_VENV"
+  python3 -m venv "$AIPERF_VENV"
+  "$AIPERF_VENV/bin/pip" install -q "aiperf==$AIPERF_VERSION"
+  echo "$AIPERF_VERSION" > "$AIPERF_VENV/.fleetpilot-stamp"
 fi
 
 # -- Kubernetes binaries -----------------------------------------------------------------------------
