@@ -42,6 +42,7 @@ from fleetpilot.planner import capacity as capacities
 from fleetpilot.planner import sizing
 
 COMPONENTS = ("prefill", "decode")
+SAMPLE_S = 2.0  # how often a run samples its components and planner status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +73,12 @@ class ClosedLoop:
     )
     seed: int = 7
     risk: float = 0.5
+    fast_path_s: int = 5  # spec.planner.fastPathSeconds; 0: the interval's forecast alone
+    window_s: float | None = None  # the trace's and the timeline's step; None: one planning interval
+
+    @property
+    def step_s(self) -> float:
+        return self.window_s or self.interval_s
 
     @property
     def sla(self) -> str:
@@ -95,12 +102,12 @@ class ClosedLoop:
         return self.shape[-1][0]
 
     def windows(self) -> Iterator[tuple[float, float]]:
-        """(start, mean rate) of each interval-long window of the trace."""
+        """(start, mean rate) of each `step_s`-long window of the trace."""
         start = 0.0
         while start < self.duration_s:
-            middle = start + self.interval_s / 2
+            middle = start + self.step_s / 2
             yield start, self.rate_at(middle)
-            start += self.interval_s
+            start += self.step_s
 
     # -- objects -------------------------------------------------------------------------------------------
 
@@ -121,7 +128,7 @@ class ClosedLoop:
                 # risk 0.5: a 4-minute run is 24 ten-second intervals; after its 8× ramp the calibrated
                 # 0.9-quantile stays wide for longer than the run (docs/decisions.md, "One risk knob").
                 "planner": {"mode": mode, "predictor": "constant", "intervalSeconds": self.interval_s,
-                            "risk": self.risk,
+                            "risk": self.risk, "fastPathSeconds": self.fast_path_s,
                             "sla": {"ttftMs": self.ttft_ms, "itlMs": self.itl_ms, "percentile": self.percentile},
                             "profileRef": {"configMap": f"{self.graph}-profile"}},
             },
@@ -281,7 +288,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def timeline(scenario: ClosedLoop, samples: list[dict[str, Any]], load: dict[str, Any], *,
              t0_unix: float) -> list[dict[str, Any]]:
-    """One row per interval: offered load, replicas at the interval's end, client latency percentiles."""
+    """One row per step (`step_s`): offered load, replicas at its end, client latency percentiles."""
     requests = load["requests"]
     start = load["started_unix"] - t0_unix
     rows = []
@@ -289,14 +296,14 @@ def timeline(scenario: ClosedLoop, samples: list[dict[str, Any]], load: dict[str
     t = 0.0
     while t < end:
         window = [r for r in requests if r["start_ms"] is not None
-                  and t <= start + r["start_ms"] / 1000 < t + scenario.interval_s]
+                  and t <= start + r["start_ms"] / 1000 < t + scenario.step_s]
         ok = [r for r in window if r["status"] == "ok"]
-        inside = [x for x in samples if t <= x["t_unix"] - t0_unix < t + scenario.interval_s]
+        inside = [x for x in samples if t <= x["t_unix"] - t0_unix < t + scenario.step_s]
         last = inside[-1] if inside else {}
         row: dict[str, Any] = {
             "t_s": round(t, 1),
-            "offered_rps": round(len(window) / scenario.interval_s, 3),
-            "trace_rps": round(scenario.rate_at(t + scenario.interval_s / 2 - start), 3),
+            "offered_rps": round(len(window) / scenario.step_s, 3),
+            "trace_rps": round(scenario.rate_at(t + scenario.step_s / 2 - start), 3),
             "errors": sum(1 for r in window if r["status"] == "error"),
             "ttft_p50_ms": percentile([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None], 50),
             "ttft_p90_ms": percentile([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None], 90),
@@ -308,7 +315,7 @@ def timeline(scenario: ClosedLoop, samples: list[dict[str, Any]], load: dict[str
             row[f"{component}_ready"] = last.get(f"{component}_ready")
         row["planner_active"] = (last.get("PlannerActive") or {}).get("reason")
         rows.append(row)
-        t += scenario.interval_s
+        t += scenario.step_s
     return rows
 
 

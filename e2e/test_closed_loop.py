@@ -14,39 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import harness as harness_mod
 import scenario as scenario_mod
-from conftest import Graph, start_load, wait_load
+from conftest import Graph, run_load
 
 COMPONENTS = scenario_mod.COMPONENTS
-SAMPLE_S = 2.0
 TOTAL_GPUS = 32
-
-
-def _run(graph: Graph, load_trace: Path, report_path: Path, *, during: Any = None) -> dict[str, Any]:
-    """Run the load against the graph while sampling; returns samples, the load report and anchors."""
-    s = graph.scenario
-    environment = graph.harness
-    url = graph.wait_ready()
-    sampler = scenario_mod.Sampler(server=environment.config.server, pki=environment.config.folder / "pki",
-                                   scenario=s, every_s=SAMPLE_S)
-    t0 = time.time()
-    sampler.start()
-    load = start_load(s, url=url, trace=load_trace, out=report_path)
-    try:
-        if during is not None:
-            during(t0, sampler)
-        wait_load(load, timeout=s.duration_s + 180)
-    finally:
-        if load.poll() is None:
-            load.kill()
-        sampler.stop()
-    report = json.loads(report_path.read_text())
-    return {"samples": sampler.samples, "load": report, "t0": t0, "load_start": report["started_unix"] - t0}
 
 
 def _series(samples: list[dict[str, Any]], t0: float, key: str) -> list[tuple[float, Any]]:
@@ -58,7 +36,7 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
     graph = Graph(harness, s)
     graph.create()
     try:
-        run = _run(graph, scenario_mod.write_trace(s, results / "closed_loop.trace.csv"),
+        run = run_load(graph, scenario_mod.write_trace(s, results / "closed_loop.trace.csv"),
                    results / "closed_loop.load.json")
         table = graph.kubectl.run("get", "dg", s.graph, "-n", s.namespace).stdout
         final = graph.get()
@@ -105,7 +83,7 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
 
     # Scale-up: within two intervals of the load reaching the level that needs it (+ one sample).
     for component in COMPONENTS:
-        bound = needs[component] + 2 * s.interval_s + SAMPLE_S
+        bound = needs[component] + 2 * s.interval_s + scenario_mod.SAMPLE_S
         assert first_up[component] is not None, f"{component} never scaled up; timeline: {rows}"
         assert first_up[component] <= bound, (
             f"{component} scaled up at {first_up[component]:.0f}s, more than two intervals after the load"
@@ -152,7 +130,7 @@ def test_planner_holds_without_prometheus_and_resumes(harness: harness_mod.Harne
         harness.start_prometheus()
 
     try:
-        run = _run(graph, scenario_mod.write_trace(s, results / "prometheus_outage.trace.csv"),
+        run = run_load(graph, scenario_mod.write_trace(s, results / "prometheus_outage.trace.csv"),
                    results / "prometheus_outage.load.json", during=during)
     finally:
         if not harness.processes["prometheus"].alive():
@@ -183,9 +161,53 @@ def test_planner_holds_without_prometheus_and_resumes(harness: harness_mod.Harne
     assert no_metrics, f"PlannerActive never said NoMetrics during the outage: {reasons}"
     condition = no_metrics[0][1]
     assert condition["status"] == "False" and "Prometheus" in condition["message"], condition
-    assert no_metrics[0][0] <= stopped + 2 * s.interval_s + SAMPLE_S, "the condition took over two intervals"
+    assert no_metrics[0][0] <= stopped + 2 * s.interval_s + scenario_mod.SAMPLE_S, "the condition took over two intervals"
     assert resumed is not None and resumed <= restarted + 3 * s.interval_s, (
         f"planning did not resume within three intervals of Prometheus' return: {reasons}")
     # Planning really resumed: the quiet that began during the outage is now acted on.
     assert down_after is not None, f"no scale-down after Prometheus returned: {rows}"
     assert statuses.count("error") == 0, load["summary"]["error_kinds"]
+
+
+def test_a_planner_restarted_after_a_crash_decides_as_it_did_before(harness: harness_mod.Harness,
+                                                                    results: Path) -> None:
+    """Steady load that needs more than the minimum; the planner is killed (SIGKILL) mid-run and a new
+    one starts with no memory: it reads the graph's history back from Prometheus (its log says how
+    much), and its first decision is the one the old planner was making, within one replica."""
+    s = dataclasses.replace(scenario_mod.ClosedLoop(), namespace="e2e-restart", graph="restart",
+                            shape=((0, 1.6), (150, 1.6)))
+    graph = Graph(harness, s)
+    graph.create()
+    crash: dict[str, Any] = {}
+
+    def decision() -> dict[str, Any]:
+        planner: dict[str, Any] = graph.get().get("status", {}).get("planner", {})
+        return planner
+
+    def during(t0: float, sampler: scenario_mod.Sampler) -> None:
+        # Six intervals of steady load, so the old planner's decision has settled.
+        time.sleep(6 * s.interval_s)
+        crash["before"] = decision()
+        crash["at"] = time.time() - t0
+        harness.crash_planner()
+        crash["after"] = harness_mod.wait_for(
+            lambda: (d := decision()).get("lastDecisionTime") not in (None, crash["before"].get("lastDecisionTime"))
+            and d, timeout=60, what=lambda: f"a decision by the new planner; log:\n{harness.processes['planner'].log()}")
+        crash["decided_at"] = time.time() - t0
+
+    try:
+        run_load(graph, scenario_mod.write_trace(s, results / "planner_restart.trace.csv"),
+                 results / "planner_restart.load.json", during=during)
+    finally:
+        graph.delete()
+    log = harness.processes["planner"].log(tail=200_000)
+    loaded = [int(n) for n in re.findall(rf"{s.namespace}/{s.graph}: warm start with (\d+) intervals", log)]
+    before, after = crash["before"]["replicas"], crash["after"]["replicas"]
+    summary = {"crashed_at_s": crash["at"], "decided_again_at_s": crash["decided_at"], "before": before,
+               "after": after, "warm_start_intervals": loaded}
+    (results / "planner_restart.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+    assert len(loaded) >= 2 and loaded[-1] >= 3, f"the new planner did not load the history: {summary}"
+    for component in COMPONENTS:
+        assert abs(after[component] - before[component]) <= 1, summary
+    assert max(before.values()) > 1, f"the load never needed more than the minimum: {summary}"
