@@ -201,7 +201,8 @@ def main() -> int:
         started = time.perf_counter()
         chosen_predictors = long_predictors if scenario_.fidelity == "fluid" else predictors
         done = evaluate.run_all(scenario_, predictors=chosen_predictors, workers=args.workers,
-                                predictive_only=() if args.quick else ("constant",), progress=lambda g: print(
+                                predictive_only=() if args.quick else ("constant",),
+                                mean_lengths=() if args.quick else ("constant",), progress=lambda g: print(
             f"   {g.name:22} {len(g.results):2d} runs, {g.seconds_per_run:6.2f} s/run, best score "
             f"{max(r.effective for r in g.results):.1%}", flush=True))
         elapsed = time.perf_counter() - started

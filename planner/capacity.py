@@ -32,6 +32,15 @@ replica sustains the best rate at any concurrency up to the ceiling; usually tha
 ceiling, but past a batch cap the rate can dip. Taking the best also makes the rate grow with the
 target, whatever bumps the measurements have.
 
+With the length mix (`lengths.LengthMix`, from the frontend's histograms) instead of one mean, prefill
+is an M/G/1 queue over the mix: service S(x) and lone TTFT L(x) per prompt length x, utilisation
+ρ = λ·E[S], the waiting time's tail P(W > t) ≈ ρ·exp(−θ·t) with the Pollaczek–Khinchine mean wait
+(θ = 2·E[S]·(1 − ρ) / E[S²]; for exponential service this is the M/M/1 tail above), and the TTFT at
+percentile p is the t with Σₓ share(x)·P(L(x) + W > t) = 1 − p: the long prompts of the mix, not its
+mean, decide whether the percentile holds. Decode with the mix takes the context a running sequence
+holds as the size-biased mean E[isl] + E[osl²] / 2E[osl] (long outputs run longer, so they are more of
+what is running than of what arrives).
+
 Interpolation is piecewise linear in the quantities that are close to linear, never in ratios of
 them: prefill service time and TTFT in ISL (a prompt's cost is about a + b·isl; tokens/s = isl / time
 is not linear), decode ITL and running share bilinear in (concurrency, context), which is exact for the
@@ -46,12 +55,18 @@ import bisect
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
+import numpy as np
+
 from fleetpilot.api import profile as profiles
+from fleetpilot.planner import lengths
 
 DEFAULT_MAX_UTILIZATION = 0.9
+# The two ends of queue sharing must differ by this much in their late share at the observed TTFT for
+# the observation to say where between them a pool lies.
+_POOLING_RESOLUTION = 0.02
 DEFAULT_PERCENTILE = 90.0
 
 
@@ -85,6 +100,25 @@ class PrefillCapacity:
     utilization: float
     service_time_s: float
     lone_ttft_s: float
+    target_met: bool
+    extrapolated: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillPool:
+    """How many prefill replicas a request rate needs within the TTFT target, with the numbers behind it.
+
+    The pool is one queue (the frontend sends each prompt to the least-loaded replica), so a pool of
+    many replicas runs each hotter than one replica alone could at the same percentile. When the target
+    is out of reach for more than 1 − p of the prompts whatever the pool, `replicas` is the pool in
+    which the percentile's request never waits (the closest more replicas get) and `target_met` False.
+    """
+
+    replicas: int
+    utilization: float
+    service_time_s: float
+    lone_ttft_s: float  # at the percentile, over the prompt mix
     target_met: bool
     extrapolated: bool
     reason: str
@@ -161,6 +195,107 @@ def _wait_quantile(rho: float, *, service_s: float, percentile: float) -> float:
     return service_s / (1.0 - rho) * math.log(rho / tail)
 
 
+@dataclasses.dataclass(frozen=True)
+class _PrefillMix:
+    """A prompt-length mix as prefill sees it: per length, its lone TTFT, its service time and its share."""
+
+    lone_s: np.ndarray
+    service_s: np.ndarray
+    shares: np.ndarray
+    mean_isl: float
+    extrapolated: bool
+    # E[S²] / 2E[S]: the mean residual service a waiting prompt sees (Allen–Cunneen's R). Over a real
+    # mix it is the mix's own; at one mean length the old assumption holds, exponential service (R = S).
+    residual_s: float
+
+    @property
+    def mean_service_s(self) -> float:
+        return float(self.shares @ self.service_s)
+
+    def late_share_pool(self, t: float, servers: int, rate_rps: float) -> float:
+        """P(L(X) + W > t) for a pool of `servers` replicas the frontend sends each prompt to the least
+        loaded of, offered `rate_rps` (M/G/c: the Erlang-C chance to wait, then an exponential wait of
+        mean R / (c·(1 − ρ)), Allen–Cunneen)."""
+        offered = rate_rps * self.mean_service_s
+        if offered <= 0.0:
+            return float(self.shares[self.lone_s > t].sum())
+        if servers <= 0 or offered >= servers:
+            return 1.0
+        return self.late_share_given(t, servers, offered, float(erlang_c(servers, offered)))
+
+    def late_share_given(self, t: float, servers: int, offered: float, waits: float) -> float:
+        """`late_share_pool` with the Erlang-C probability `waits` already known (the sizing search
+        carries Erlang B's recursion from one pool size to the next)."""
+        late_alone = self.lone_s > t
+        theta = servers * (1.0 - offered / servers) / self.residual_s
+        slack = np.maximum(t - self.lone_s, 0.0)
+        wait_tail = np.where(late_alone, 1.0, np.minimum(1.0, waits * np.exp(-theta * slack)))
+        return float(self.shares @ wait_tail)
+
+    def late_share_pooled(self, t: float, servers: int, rate_rps: float, pooling: float) -> float:
+        """P(L(X) + W > t) for a pool between the two ends of how far its replicas share one queue:
+        `pooling` 1 is M/G/c (prompts spread over the replicas as they free: Poisson arrivals and a
+        least-loaded router), 0 is `servers` separate M/G/1 queues each offered its share (arrivals in
+        clumps, or a router that cannot see what each replica has left). The planner learns where its
+        fleet lies (`pooling_observed`)."""
+        shared = self.late_share_pool(t, servers, rate_rps) if pooling > 0.0 else 0.0
+        separate = self.late_share_pool(t, 1, rate_rps / servers) if pooling < 1.0 and servers > 0 else 0.0
+        return pooling * shared + (1.0 - pooling) * separate
+
+    def late_share(self, t: float, rho: float) -> float:
+        """P(L(X) + W > t) on one replica at utilisation ρ (the pool of one)."""
+        return self.late_share_pool(t, 1, rho / self.mean_service_s)
+
+    def lone_quantile_s(self, percentile: float) -> float:
+        """The lone TTFT at `percentile` of the mix's requests (the floor no replica count removes)."""
+        order = np.argsort(self.lone_s)
+        cumulative = np.cumsum(self.shares[order])
+        index = int(np.searchsorted(cumulative, percentile / 100.0 - 1e-12))
+        return float(self.lone_s[order][min(index, len(order) - 1)])
+
+    def ttft_quantile_s(self, rho: float, *, percentile: float, servers: int = 1, pooling: float = 1.0) -> float:
+        """The TTFT at `percentile` with `servers` replicas each at utilisation ρ: the t at which the late
+        share falls to 1 − p."""
+        if rho >= 1.0:
+            return math.inf
+        tail = 1.0 - percentile / 100.0
+        rate = rho * servers / self.mean_service_s
+
+        def late(t: float) -> float:
+            return self.late_share_pooled(t, servers, rate, pooling)
+        low, high = 0.0, max(float(self.lone_s.max()), self.residual_s)
+        while late(high) > tail:
+            high *= 2.0
+        for _ in range(60):
+            mid = (low + high) / 2.0
+            if late(mid) > tail:
+                low = mid
+            else:
+                high = mid
+        return high
+
+
+def erlang_c(servers: int, offered: float | np.ndarray) -> np.ndarray:
+    """The probability that an arrival waits in an M/M/c queue with `offered` Erlangs of load (an array
+    of loads at once: Erlang B's recursion, then B → C)."""
+    if isinstance(offered, (int, float)):  # one load: the recursion in plain floats (numpy per step is slower)
+        if offered <= 0:
+            return np.asarray(0.0)
+        if offered >= servers:
+            return np.asarray(1.0)
+        b = 1.0
+        for k in range(1, servers + 1):
+            b = offered * b / (k + offered * b)
+        return np.asarray(servers * b / (servers - offered * (1.0 - b)))
+    offered = np.asarray(offered, dtype=float)
+    blocking = np.ones_like(offered)
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        waiting = servers * blocking / (servers - offered * (1.0 - blocking))
+    return np.where(offered <= 0, 0.0, np.where(offered >= servers, 1.0, waiting))
+
+
 class CapacityModel:
     """Per-replica capacity at latency targets, read from one Profile (one parallelism, one GPU kind).
 
@@ -233,12 +368,30 @@ class CapacityModel:
             )
         return TargetCheck(True, f"lone-request TTFT {lone.value * 1e3:.0f} ms at ISL {isl:.0f}{note}")
 
+    def _prefill_mix(self, mix: lengths.LengthMix | None, isl: float) -> _PrefillMix:
+        """Lone TTFT and service time at each length of the mix, with its shares; without a mix, every
+        prompt at `isl` with exponentially distributed service (prompt lengths vary around the mean)."""
+        points = mix if mix is not None else lengths.point(isl)
+        lone = [self.lone_ttft_s(x) for x in points.lengths]
+        service = [self.prefill_service_s(x) for x in points.lengths]
+        service_s = np.array([v.value for v in service])
+        shares = np.array(points.shares)
+        mean = float(shares @ service_s)
+        residual = float(shares @ service_s**2) / (2.0 * mean) if mix is not None else mean
+        return _PrefillMix(
+            lone_s=np.array([v.value for v in lone]), service_s=service_s, shares=shares, mean_isl=points.mean,
+            extrapolated=any(v.extrapolated for v in (*lone, *service)), residual_s=residual)
+
     def prefill_capacity(
-        self, isl: float, ttft_target_s: float, *, percentile: float = DEFAULT_PERCENTILE
+        self, isl: float, ttft_target_s: float, *, percentile: float = DEFAULT_PERCENTILE,
+        mix: lengths.LengthMix | None = None,
     ) -> PrefillCapacity:
-        """Requests/s one prefill replica sustains with TTFT at `percentile` under the target."""
+        """Requests/s one prefill replica sustains with TTFT at `percentile` under the target; over the
+        prompt-length `mix` when given (then `isl` is not read), else every prompt at `isl`."""
         _check_positive(isl=isl, ttft_target_s=ttft_target_s)
         _check_percentile(percentile)
+        if mix is not None:
+            return self._prefill_capacity_mix(self._prefill_mix(mix, isl), ttft_target_s, percentile=percentile)
         service = self.prefill_service_s(isl)
         lone = self.lone_ttft_s(isl)
         extrapolated = service.extrapolated or lone.extrapolated
@@ -286,14 +439,20 @@ class CapacityModel:
         return self.prefill_capacity(isl, ttft_target_s, percentile=percentile).rate_rps
 
     def expected_ttft_s(
-        self, isl: float, rate_per_replica: float, *, percentile: float = DEFAULT_PERCENTILE
+        self, isl: float, rate_per_replica: float, *, percentile: float = DEFAULT_PERCENTILE,
+        mix: lengths.LengthMix | None = None,
     ) -> float:
-        """TTFT at `percentile` the model expects when each prefill replica gets `rate_per_replica`.
+        """TTFT at `percentile` the model expects when each prefill replica gets `rate_per_replica`
+        (over the prompt-length `mix` when given).
 
-        Infinite at or beyond saturation. The planner divides the observed TTFT by this to get the
-        prefill correction.
+        Infinite at or beyond saturation. The planner compares the observed TTFT with this to learn
+        how the fleet differs from its profile.
         """
         _check_percentile(percentile)
+        if mix is not None:
+            work = self._prefill_mix(mix, isl)
+            rho = max(0.0, rate_per_replica) * work.mean_service_s
+            return work.ttft_quantile_s(rho, percentile=percentile)
         service = self.prefill_service_s(isl).value
         rho = max(0.0, rate_per_replica) * service
         return self.lone_ttft_s(isl).value + _wait_quantile(rho, service_s=service, percentile=percentile)
@@ -311,6 +470,110 @@ class CapacityModel:
             else:
                 high = mid
         return low
+
+    def prefill_pool(self, rate_rps: float, ttft_target_s: float, *, isl: float,
+                     percentile: float = DEFAULT_PERCENTILE, mix: lengths.LengthMix | None = None,
+                     pooling: float = 1.0) -> PrefillPool:
+        """The fewest prefill replicas that serve `rate_rps` with TTFT at `percentile` under the target
+        (over the prompt-length `mix`, or exponential service at `isl`; `pooling` as in
+        `late_share_pooled`), never above `max_utilization`."""
+        _check_positive(isl=isl, ttft_target_s=ttft_target_s)
+        _check_percentile(percentile)
+        work = self._prefill_mix(mix, isl)
+        service, tail = work.mean_service_s, 1.0 - percentile / 100.0
+        lone_p = work.lone_quantile_s(percentile)
+        offered = max(rate_rps, 0.0) * service
+        if offered <= 0.0:
+            return PrefillPool(0, 0.0, service, lone_p, True, work.extrapolated, "no prompts to prefill")
+        late_alone = float(work.shares[work.lone_s > ttft_target_s].sum())
+        reachable = late_alone <= tail
+
+        def enough(servers: int) -> bool:
+            # (1e-9: a pool exactly at the target is enough; floating point must not buy one more replica)
+            if reachable:
+                return work.late_share_pooled(ttft_target_s, servers, rate_rps, pooling) <= tail + 1e-9
+            # Out of reach for more than 1 − p of the prompts: a pool in which the percentile never waits.
+            return pooling * float(erlang_c(servers, offered)) + (1.0 - pooling) * offered / servers <= tail + 1e-9
+
+        servers = _fewest(max(1, math.ceil(offered / self.max_utilization - 1e-9)), enough)
+        rho = offered / servers
+        mix_words = (f"over the prompt-length mix (mean {work.mean_isl:.0f} tokens, p{percentile:g} alone "
+                     f"{lone_p * 1e3:.0f} ms)" if mix is not None else f"at ISL {isl:.0f}")
+        shared = f", queue sharing {pooling:.2f}" if pooling < 1.0 else ""
+        note = " (extrapolated beyond the profile)" if work.extrapolated else ""
+        if not reachable:
+            reason = (f"TTFT target {ttft_target_s * 1e3:.0f} ms is out of reach for {late_alone:.0%} of the prompts "
+                      f"{mix_words} even alone (p{percentile:g} allows {tail:.0%}): {servers} replicas so that "
+                      f"p{percentile:g} requests never queue{shared}{note}")
+        else:
+            reason = (f"{rate_rps:.3g} req/s {mix_words}: {service * 1e3:.1f} ms per prompt, {servers} replicas at "
+                      f"utilisation {rho:.0%} keep p{percentile:g} TTFT ≤ {ttft_target_s * 1e3:.0f} ms{shared}{note}")
+        return PrefillPool(servers, rho, service, lone_p, reachable, work.extrapolated, reason)
+
+    def expected_ttft_pool_s(self, rate_rps: float, replicas: int, *, isl: float,
+                             percentile: float = DEFAULT_PERCENTILE, mix: lengths.LengthMix | None = None,
+                             pooling: float = 1.0) -> float:
+        """TTFT at `percentile` the model expects of a pool of `replicas` offered `rate_rps` (infinite at
+        or beyond saturation): what the planner compares the observed TTFT with."""
+        _check_percentile(percentile)
+        work = self._prefill_mix(mix, isl)
+        if replicas <= 0:
+            return math.inf
+        rho = max(rate_rps, 0.0) * work.mean_service_s / replicas
+        return work.ttft_quantile_s(rho, percentile=percentile, servers=replicas, pooling=pooling)
+
+    def pooling_observed(self, observed_s: float, rate_rps: float, replicas: int, *, isl: float,
+                         percentile: float = DEFAULT_PERCENTILE, mix: lengths.LengthMix | None = None) -> float:
+        """Where between one shared queue (1) and separate queues (0) a pool lies, from the TTFT its
+        percentile request saw (`observed_s`, on the profile's clock): the `pooling` at which the model's
+        late share at `observed_s` is exactly 1 − p. Clamped to [0, 1]; NaN when the two ends agree
+        there (nobody waited, or everyone did), so the observation says nothing about the queue.
+        """
+        _check_percentile(percentile)
+        if replicas <= 0 or not (observed_s > 0 and math.isfinite(observed_s)):
+            return math.nan
+        work = self._prefill_mix(mix, isl)
+        if rate_rps * work.mean_service_s >= replicas:
+            return math.nan
+        tail = 1.0 - percentile / 100.0
+        shared = work.late_share_pool(observed_s, replicas, rate_rps)
+        separate = work.late_share_pool(observed_s, 1, rate_rps / replicas)
+        if separate - shared < _POOLING_RESOLUTION:
+            return math.nan
+        return min(1.0, max(0.0, (separate - tail) / (separate - shared)))
+
+    def _prefill_capacity_mix(self, work: _PrefillMix, ttft_target_s: float, *, percentile: float,
+                              ) -> PrefillCapacity:
+        tail = 1.0 - percentile / 100.0
+        service = work.mean_service_s
+        lone_p = work.lone_quantile_s(percentile)
+        best_effort = min(tail, self.max_utilization) / service
+        late_alone = float(work.shares[work.lone_s > ttft_target_s].sum())
+        if late_alone > tail:
+            return PrefillCapacity(
+                rate_rps=0.0, best_effort_rps=best_effort, utilization=0.0, service_time_s=service,
+                lone_ttft_s=lone_p, target_met=False, extrapolated=work.extrapolated,
+                reason=(f"TTFT target {ttft_target_s * 1e3:.0f} ms is unreachable for {late_alone:.0%} of the "
+                        f"prompt-length mix even alone on a replica (p{percentile:g} allows {tail:.0%})"))
+        low, high = 0.0, 1.0
+        for _ in range(60):  # the late share grows with ρ: bisect for the highest ρ that keeps it ≤ 1 − p
+            mid = (low + high) / 2.0
+            if work.late_share(ttft_target_s, mid) <= tail:
+                low = mid
+            else:
+                high = mid
+        capped = low >= self.max_utilization
+        rho = min(low, self.max_utilization)
+        rate = rho / service
+        why = f"utilisation cap {self.max_utilization:.0%}" if capped else f"p{percentile:g} queueing"
+        reason = (
+            f"{rate:.3g} req/s per prefill replica over the prompt-length mix (mean {work.mean_isl:.0f} tokens, "
+            f"p{percentile:g} lone TTFT {lone_p * 1e3:.0f} ms): {service * 1e3:.1f} ms per prompt, utilisation "
+            f"{rho:.0%} ({why}) keeps p{percentile:g} TTFT ≤ {ttft_target_s * 1e3:.0f} ms"
+            + (" (extrapolated beyond the profile)" if work.extrapolated else "")
+        )
+        return PrefillCapacity(rate_rps=rate, best_effort_rps=best_effort, utilization=rho, service_time_s=service,
+                               lone_ttft_s=lone_p, target_met=True, extrapolated=work.extrapolated, reason=reason)
 
     # -- decode -------------------------------------------------------------------------------------------
 
@@ -356,9 +619,10 @@ class CapacityModel:
         highest = (1.0 - w) * bracket.low.concurrency[-1] + w * bracket.high.concurrency[-1]
         return lowest, highest
 
-    def check_itl_target(self, isl: float, osl: float, itl_target_s: float) -> TargetCheck:
+    def check_itl_target(self, isl: float, osl: float, itl_target_s: float, *,
+                         context_length: float | None = None) -> TargetCheck:
         """Whether any number of decode replicas can meet the ITL target at this ISL/OSL."""
-        context = isl + osl / 2.0
+        context = context_length if context_length is not None else isl + osl / 2.0
         bracket = self._bracket(context)
         lowest, _ = self._concurrency_range(bracket)
         if context > self.profile.kv_capacity_tokens:
@@ -378,18 +642,20 @@ class CapacityModel:
         return TargetCheck(True, f"ITL {floor.value * 1e3:.1f} ms at concurrency {lowest:g}{note}")
 
     def decode_capacity(self, isl: float, osl: float, itl_target_s: float, *,
-                        max_running: float | None = None) -> DecodeCapacity:
+                        max_running: float | None = None, context_length: float | None = None) -> DecodeCapacity:
         """Requests/s one decode replica sustains with ITL under the target (see the module docstring).
 
         `max_running`: the most sequences a replica of the fleet has been seen to run at once (an
-        engine's batch cap, e.g. vLLM's max_num_seqs); the ceiling never passes it.
+        engine's batch cap, e.g. vLLM's max_num_seqs); the ceiling never passes it. `context_length`:
+        the mean context of a running sequence when known from the length mix (`decode_context`);
+        by default isl + osl / 2.
         """
         _check_positive(isl=isl, osl=osl, itl_target_s=itl_target_s)
-        context = isl + osl / 2.0
+        context = context_length if context_length is not None else isl + osl / 2.0
         bracket = self._bracket(context)
         lowest, reach = self._concurrency_range(bracket)
         kv_bound = self.profile.kv_capacity_tokens / context
-        check = self.check_itl_target(isl, osl, itl_target_s)
+        check = self.check_itl_target(isl, osl, itl_target_s, context_length=context)
         if not check.met:
             floor_c = min(lowest, max(kv_bound, 0.0))
             best = self._rate_at(floor_c, context, osl) if floor_c > 0 else 0.0
@@ -482,7 +748,8 @@ class CapacityModel:
     def _rate_at(self, concurrency: float, context: float, osl: float) -> float:
         return self.decode_tokens_per_s(concurrency, context).value / osl
 
-    def expected_itl_s(self, isl: float, osl: float, rate_per_replica: float) -> float:
+    def expected_itl_s(self, isl: float, osl: float, rate_per_replica: float, *,
+                       context_length: float | None = None) -> float:
         """ITL the model expects when each decode replica gets `rate_per_replica` requests/s.
 
         By Little's law the replica holds c = rate × osl × ITL(c) sequences; the fixed point is found
@@ -490,7 +757,7 @@ class CapacityModel:
         reach or the KV cache allows, the ITL there is returned (the excess queues instead).
         """
         _check_positive(isl=isl, osl=osl)
-        context = isl + osl / 2.0
+        context = context_length if context_length is not None else isl + osl / 2.0
         bracket = self._bracket(context)
         lowest, reach = self._concurrency_range(bracket)
         top = max(min(reach, self.profile.kv_capacity_tokens / context), lowest)
@@ -508,6 +775,15 @@ class CapacityModel:
         return self.itl_s(high, context).value
 
 
+def decode_context(isl_mean: float, osl: lengths.LengthMix | None, osl_mean: float) -> float:
+    """The mean context a running sequence holds: E[isl] + E[osl²] / 2E[osl] over the output mix when
+    known (a sequence runs as long as it generates, so long outputs are over-represented among the
+    running), else isl + osl / 2 at the means."""
+    if osl is None:
+        return isl_mean + osl_mean / 2.0
+    return isl_mean + osl.size_biased_mean / 2.0
+
+
 _LIMIT_WORDS: dict[DecodeLimit, str] = {
     "itl": "the ITL target",
     "kv": "the KV cache",
@@ -515,6 +791,22 @@ _LIMIT_WORDS: dict[DecodeLimit, str] = {
     "engine": "the sequences a replica of the fleet ran at most",
     "unreachable": "an unreachable target",
 }
+
+
+def _fewest(start: int, enough: Callable[[int], bool]) -> int:
+    """The least n ≥ `start` with `enough(n)`, `enough` monotone (doubling, then bisection)."""
+    if enough(start):
+        return start
+    low, high = start, start * 2
+    while not enough(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if enough(middle):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _roots(a: float, b: float, c: float) -> list[float]:

@@ -27,7 +27,7 @@ from scipy import stats
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import conformal, predict, reactive, sizing
+from fleetpilot.planner import conformal, lengths, predict, reactive, sizing
 
 HISTORY_LIMIT = 14 * 24 * 6  # two weeks of 10-minute intervals is all any predictor looks at
 # The profile's corrections are the median of the last intervals' estimates: one interval's latencies
@@ -40,7 +40,12 @@ _SATURATED = 0.9
 _TOO_IDLE = 0.05
 # The loads the planner forecasts and calibrates: what each is in requests, tokens in or tokens out.
 LOADS = ("requests", "input_tokens", "output_tokens")
+# The length mix sized for pools this many intervals' histograms (as `recent_mean` averages the means).
+MIX_INTERVALS = 6
 DEFAULT_RISK = 0.9
+# A pool above what this quantile of the load needs scales down to it at once, without the hold
+# (`sizing.constrain`): the load is exceeded one interval in a hundred.
+CAUTIOUS_RISK = 0.99
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,10 @@ class Observation:
     # the fleet's engines run at most, which the profile may not know. None where not measured.
     decode_running: float | None = None
     decode_waiting: float | None = None
+    # The interval's prompt and output lengths as the frontend's histograms have them (None: not
+    # measured); the planner sizes for their mix, not only their means.
+    isl_histogram: lengths.Histogram | None = None
+    osl_histogram: lengths.Histogram | None = None
 
     @property
     def complete(self) -> bool:
@@ -95,6 +104,9 @@ class GraphPlanConfig:
     max_step_down: int | None = None  # None: down to the highest target of the hold, as the HPA does
     risk: float = DEFAULT_RISK  # the forecast quantile to size for (spec.planner.risk)
     reactive_period_s: float | None = 5.0  # how often the fast path runs between intervals; None: never
+    # Size for the length mix the frontend's histograms give (False: every request at the mean lengths,
+    # as Dynamo's planner does; the backtest compares the two).
+    length_mix: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.risk < 1:
@@ -169,6 +181,9 @@ class GraphMemory:
     decode_max_running: float | None = None  # learned by `learn_max_running`; None: not seen yet
     pending: tuple[PendingForecast, ...] = ()  # the last horizon's forecasts, newest last
     forecast_calibration: Mapping[str, conformal.Calibration] = dataclasses.field(default_factory=dict)  # per load
+    # The last intervals' length histograms (None where an interval had none), for the mix to size for.
+    isl_histograms: tuple[lengths.Histogram | None, ...] = ()
+    osl_histograms: tuple[lengths.Histogram | None, ...] = ()
 
     def coverage(self) -> dict[str, dict[float, float]]:
         """Per load, per tracked quantile, the recent share of outcomes the calibrated quantile covered."""
@@ -214,13 +229,21 @@ def recent_mean(series: tuple[float, ...], k: int = 6) -> float:
     return sum(tail) / len(tail) if tail else 0.0
 
 
+def recent_mix(histograms: tuple[lengths.Histogram | None, ...], mean: float, k: int = MIX_INTERVALS) -> lengths.LengthMix | None:
+    """The length mix of the last `k` intervals' histograms pooled, scaled to `mean` (the mean the
+    load is counted in, so that the mix changes the shape the planner sizes for, not the load)."""
+    pooled = lengths.pooled(h for h in histograms[-k:] if h is not None)
+    mix = pooled.mix() if pooled is not None else None
+    return lengths.scaled_to_mean(mix, mean) if mix is not None and mean > 0 else None
+
+
 def _nan_unless(value: float | None) -> float:
     return value if value is not None and math.isfinite(value) else math.nan
 
 
 def interval_corrections(
     config: GraphPlanConfig, capacity: capacities.CapacityModel, observation: Observation,
-    serving: Mapping[sizing.Pool, int],
+    serving: Mapping[sizing.Pool, int], *, burst: float = 1.0,
 ) -> sizing.Corrections:
     """What one interval says about the profile, at the load each serving (ready) replica carried.
 
@@ -229,7 +252,7 @@ def interval_corrections(
     Offset: what the latency at the SLA percentile still exceeds the profile's, once slowed by the
     speed factor. NaN wherever the interval cannot say (no traffic, a saturated pool, a metric missing).
     """
-    unknown = sizing.Corrections(math.nan, math.nan, math.nan, math.nan)
+    unknown = sizing.Corrections(math.nan, math.nan, math.nan, math.nan, prefill_pooling=math.nan)
     if not observation.rate_rps or not observation.isl or not observation.osl:
         return unknown
     isl, osl = observation.isl, observation.osl
@@ -238,17 +261,32 @@ def interval_corrections(
     prefill_rate = observation.rate_rps / max(serving.get(prefill_pool, 1), 1)
     decode_rate = observation.rate_rps / max(serving.get(decode_pool, 1), 1)
 
-    modelled_busy = prefill_rate * capacity.prefill_service_s(isl).value
+    isl_mix = observation.isl_histogram.mix() if config.length_mix and observation.isl_histogram else None
+    osl_mix = observation.osl_histogram.mix() if config.length_mix and observation.osl_histogram else None
+    service = (isl_mix.expect(capacity.prefill_service_s(x).value for x in isl_mix.lengths)
+               if isl_mix is not None else capacity.prefill_service_s(isl).value)
+    modelled_busy = prefill_rate * service
     busy = observation.prefill_busy
     measurable = busy is not None and busy < _SATURATED and modelled_busy >= _TOO_IDLE
     prefill_speed = busy / modelled_busy if measurable and busy is not None else math.nan
     slowdown = prefill_speed if math.isfinite(prefill_speed) else 1.0
     slowdown = sizing.clamp_correction(slowdown)
-    expected_ttft = slowdown * capacity.expected_ttft_s(isl, prefill_rate * slowdown, percentile=config.sla.percentile)
+    # The pool as it served, as sizing sees a pool: every time slowed by the speed factor (the profile
+    # offered rate × factor), the rate raised by the interval's bursts. Its percentile TTFT first says
+    # how far the replicas share one queue; what the queue does not explain is latency the profile
+    # does not model (the offset).
+    prefill_replicas = max(serving.get(prefill_pool, 1), 1)
+    offered = observation.rate_rps * burst * slowdown
     prefill_part = observation.prefill_s if observation.prefill_s is not None else observation.ttft_s
+    pooling = (capacity.pooling_observed(prefill_part / slowdown, offered, prefill_replicas, isl=isl,
+                                         percentile=config.sla.percentile, mix=isl_mix)
+               if prefill_part is not None and config.disaggregated else math.nan)
+    expected_ttft = slowdown * capacity.expected_ttft_pool_s(
+        offered, prefill_replicas, isl=isl, percentile=config.sla.percentile, mix=isl_mix,
+        pooling=pooling if math.isfinite(pooling) else sizing.POOLING_PRIOR)
     prefill_offset = _nan_unless(prefill_part) - expected_ttft if math.isfinite(expected_ttft) else math.nan
 
-    context = isl + osl / 2.0
+    context = capacities.decode_context(isl, osl_mix, osl)
     if observation.itl_mean_s is not None and observation.itl_mean_s > 0:
         sequences = decode_rate * osl * observation.itl_mean_s  # Little's law, per replica
         modelled_itl = capacity.itl_s(max(sequences, 1.0), context).value
@@ -256,9 +294,9 @@ def interval_corrections(
         expected_itl = sizing.clamp_correction(decode_speed) * modelled_itl
     else:
         decode_speed = math.nan
-        expected_itl = capacity.expected_itl_s(isl, osl, decode_rate)
+        expected_itl = capacity.expected_itl_s(isl, osl, decode_rate, context_length=context)
     decode_offset = _nan_unless(observation.itl_s) - expected_itl if math.isfinite(expected_itl) else math.nan
-    return sizing.Corrections(prefill_speed, decode_speed, prefill_offset, decode_offset)
+    return sizing.Corrections(prefill_speed, decode_speed, prefill_offset, decode_offset, prefill_pooling=pooling)
 
 
 def _median(values: tuple[float, ...] | list[float], default: float) -> float:
@@ -307,7 +345,8 @@ def calibrated(estimates: tuple[sizing.Corrections, ...]) -> sizing.Corrections:
     def median(field: str, default: float) -> float:
         return _median([getattr(e, field) for e in estimates], default)
     return sizing.Corrections(median("prefill", 1.0), median("decode", 1.0),
-                              median("prefill_offset_s", 0.0), median("decode_offset_s", 0.0))
+                              median("prefill_offset_s", 0.0), median("decode_offset_s", 0.0),
+                              prefill_pooling=median("prefill_pooling", math.nan))
 
 
 def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: float) -> GraphMemory:
@@ -381,6 +420,8 @@ def plan_interval(
         rates=_append(memory.rates, rate),
         isls=_append(memory.isls, observation.isl or 0.0),
         osls=_append(memory.osls, observation.osl or 0.0),
+        isl_histograms=(*memory.isl_histograms, observation.isl_histogram)[-MIX_INTERVALS:],
+        osl_histograms=(*memory.osl_histograms, observation.osl_histogram)[-MIX_INTERVALS:],
     )
     forecast_error = None
     if memory.forecast_for_now is not None and rate > 0:
@@ -390,16 +431,22 @@ def plan_interval(
     forecast = forecaster.forecast(
         memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s)
     isl, osl = max(recent_mean(memory.isls), 1.0), max(recent_mean(memory.osls), 1.0)
+    interval_burst = 1.0
     if observation.burst_rate_rps is not None and rate > 0:
-        excess = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
-        memory = dataclasses.replace(memory, bursts=(*memory.bursts, excess)[-CALIBRATION_INTERVALS:])
+        interval_burst = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
+        memory = dataclasses.replace(memory, bursts=(*memory.bursts, interval_burst)[-CALIBRATION_INTERVALS:])
     burst = _median(memory.bursts, 1.0)
     pending = PendingForecast(forecast.mean, tuple(forecast.spread(i) for i in range(len(forecast.mean))), isl, osl,
                               level=recent_mean(memory.rates))
     load = load_at_risk(pending, memory, risk=config.risk, burst=burst)
+    cautious = load_at_risk(pending, memory, risk=max(config.risk, CAUTIOUS_RISK), burst=burst)
+    if config.length_mix:
+        isl_mix, osl_mix = recent_mix(memory.isl_histograms, isl), recent_mix(memory.osl_histograms, osl)
+        load = dataclasses.replace(load, isl_mix=isl_mix, osl_mix=osl_mix)
+        cautious = dataclasses.replace(cautious, isl_mix=isl_mix, osl_mix=osl_mix)
     memory = dataclasses.replace(memory, pending=(*memory.pending, pending)[-config.horizon_steps:])
     serving = ready if ready is not None else current
-    estimate = interval_corrections(config, capacity, observation, serving)
+    estimate = interval_corrections(config, capacity, observation, serving, burst=interval_burst)
     max_running = memory.decode_max_running
     if config.disaggregated:
         max_running = learn_max_running(max_running, observation, serving.get("decode", 0))
@@ -407,15 +454,19 @@ def plan_interval(
                                  decode_max_running=max_running)
     corrections = dataclasses.replace(calibrated(memory.calibration),
                                       decode_max_running=max_running if max_running is not None else math.nan)
-    if config.disaggregated:
-        desired = sizing.size(load, capacity, config.sla, corrections)
-    else:
-        desired = sizing.size_aggregated(load, capacity, config.sla, corrections)
+    size = sizing.size if config.disaggregated else sizing.size_aggregated
+    desired = size(load, capacity, config.sla, corrections)
+    # Until the forecast's errors have been scored a few times, its "cautious" quantile is the model's
+    # own word (nothing at all on a flat start): no scale-down skips the hold before that.
+    scored = min((len(memory.forecast_calibration[name].scores) if name in memory.forecast_calibration else 0)
+                 for name in LOADS)
+    safe = size(cautious, capacity, config.sla, corrections).replicas if scored >= conformal.MIN_SCORES else None
+
     def constrained(budget: int | None) -> sizing.Decision:
         return sizing.constrain(
             desired, current=current, bounds=config.bounds, gpus_per_replica=config.gpus_per_replica,
             gpu_budget=budget, state=memory.scale_down, now=now, hold_seconds=config.hold_s,
-            max_step_down=config.max_step_down,
+            max_step_down=config.max_step_down, safe=safe,
         )
 
     unbudgeted = constrained(None)

@@ -48,6 +48,10 @@ CORRECTION = Gauge("fleetpilot_planner_correction_factor",
 LATENCY_OFFSET = Gauge("fleetpilot_planner_latency_offset_seconds",
                        "Latency at the SLA percentile the profile does not model (TTFT for prefill, ITL for decode).",
                        ["namespace", "graph", "component"])
+QUEUE_SHARING = Gauge(
+    "fleetpilot_planner_prefill_queue_sharing",
+    "How far the prefill replicas behave as one shared queue (1: M/G/c) rather than separate ones (0), as the "
+    "planner has learned it from the graph's TTFT; sizing uses it.", ["namespace", "graph"])
 BURST = Gauge("fleetpilot_planner_burst_factor",
               "How much burstier than Poisson the arrivals are: prefill is sized for the rate times this.",
               ["namespace", "graph"])
@@ -429,6 +433,7 @@ class LivePlanner:
         CORRECTION.labels(namespace, name, "decode").set(plan.corrections.decode)
         LATENCY_OFFSET.labels(namespace, name, "prefill").set(plan.corrections.prefill_offset_s)
         LATENCY_OFFSET.labels(namespace, name, "decode").set(plan.corrections.decode_offset_s)
+        QUEUE_SHARING.labels(namespace, name).set(plan.corrections.pooling)
         if plan.predicted is not None:
             BURST.labels(namespace, name).set(plan.predicted.burst)
         RISK.labels(namespace, name).set(config.risk)

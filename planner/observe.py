@@ -2,8 +2,8 @@
 
 Reads only the frontend's metric contract (DESIGN.md): offered request rate, mean ISL and OSL, and
 TTFT, ITL and TTFT's prefill part at the SLA percentile through `histogram_quantile` (the prefill part
-is absent for an aggregated graph: the planner then blames TTFT whole), the mean ITL, and the arrival
-burst the percentile's request saw. Prometheus adds the graph and
+is absent for an aggregated graph: the planner then blames TTFT whole), the mean ITL, the arrival
+burst the percentile's request saw, and the prompt- and output-length histograms (the mix it sizes for). Prometheus adds the graph and
 namespace labels from the pods' labels at scrape time. An answer that is empty, NaN or older than
 the interval is "no data": the planner then holds, it never decides from nothing.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from prometheus_api_client import PrometheusConnect
 
 from fleetpilot.api import contract
+from fleetpilot.planner import lengths
 from fleetpilot.planner.core import Observation
 
 
@@ -55,6 +56,14 @@ def queries(*, namespace: str, graph: str, window_s: int, percentile: float, lab
         "burst_rate_rps": (f"{quantile('fleetpilot_frontend_arrival_burst_rps')}"
                            f" * count(fleetpilot_frontend_requests_started_total{{{selector}}})"),
     }
+
+
+def length_queries(*, namespace: str, graph: str, window_s: int, labels: Labels) -> dict[str, str]:
+    """The PromQL for the prompt- and output-length histograms (pure): per `le` bucket, cumulative."""
+    selector = f'{labels.namespace}="{namespace}",{labels.graph}="{graph}"'
+    return {name: f"sum by (le) (rate({metric}_bucket{{{selector}}}[{window_s}s]))"
+            for name, metric in (("isl_histogram", "fleetpilot_frontend_input_tokens"),
+                                 ("osl_histogram", "fleetpilot_frontend_output_tokens"))}
 
 
 @dataclass(frozen=True)
@@ -126,10 +135,20 @@ class PrometheusObserver:
                 decode[name] = self._scalar(fill[name], now=now, max_age_s=window_s)
             except Exception:  # noqa: BLE001 - optional: planning goes on without it
                 decode[name] = None
+        # The length mix (optional as well: sizing falls back to the means without it).
+        mixes: dict[str, lengths.Histogram | None] = {}
+        for name, promql in length_queries(namespace=namespace, graph=graph, window_s=window_s,
+                                           labels=self.labels).items():
+            mean = values["isl" if name == "isl_histogram" else "osl"]
+            try:
+                mixes[name] = lengths.from_cumulative(self._by_bound(promql, now=now, max_age_s=window_s), mean)
+            except Exception:  # noqa: BLE001 - optional: planning goes on without it
+                mixes[name] = None
         return Observation(time=now, rate_rps=values["rate_rps"], isl=values["isl"], osl=values["osl"],
                            ttft_s=values["ttft_s"], itl_s=values["itl_s"], prefill_s=values["prefill_s"],
                            itl_mean_s=values["itl_mean_s"], burst_rate_rps=values["burst_rate_rps"],
-                           decode_running=decode["decode_running"], decode_waiting=decode["decode_waiting"])
+                           decode_running=decode["decode_running"], decode_waiting=decode["decode_waiting"],
+                           isl_histogram=mixes["isl_histogram"], osl_histogram=mixes["osl_histogram"])
 
     def history(self, *, namespace: str, graph: str, window_s: int, points: int) -> History:
         """The last `points` intervals before the current one: rate, mean ISL and OSL per interval (range
@@ -166,6 +185,16 @@ class PrometheusObserver:
         except Exception:  # noqa: BLE001 - any failure to read is "no data": the fast path waits
             return None
         return EngineGauges(**values)
+
+    def _by_bound(self, promql: str, *, now: float, max_age_s: float) -> dict[float, float]:
+        """A `sum by (le)` vector as {bound: value} (+Inf as math.inf), fresh samples only."""
+        found: dict[float, float] = {}
+        for sample in self._prometheus.custom_query(promql, params={"timeout": f"{self.timeout_s:g}s"}):
+            timestamp, raw = sample["value"]
+            value = float(raw)
+            if math.isfinite(value) and now - float(timestamp) <= max_age_s:
+                found[float(sample["metric"]["le"])] = value
+        return found
 
     def _scalar(self, promql: str, *, now: float, max_age_s: float) -> float | None:
         result = self._prometheus.custom_query(promql, params={"timeout": f"{self.timeout_s:g}s"})

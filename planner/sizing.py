@@ -23,6 +23,7 @@ from typing import Literal
 
 from fleetpilot.api import v1alpha1
 from fleetpilot.planner import capacity as capacities
+from fleetpilot.planner import lengths
 
 Pool = Literal["prefill", "decode", "aggregated"]
 POOLS: tuple[Pool, ...] = ("prefill", "decode", "aggregated")
@@ -37,6 +38,11 @@ CORRECTION_MAX = 3.0
 # A latency offset (latency the profile does not model at all) is credited up to this share of the
 # target: past it, sizing would chase a latency no replica count removes.
 OFFSET_MAX_SHARE = 0.5
+
+# Where a prefill pool lies between one shared queue (1) and separate queues (0) until its fleet has
+# shown it (`capacity.CapacityModel.pooling_observed`): half way, since either end is wrong by a factor
+# of the pool size on some traffic.
+POOLING_PRIOR = 0.5
 
 # Rounding guard: 12.0 / 4.0 * 1.0000000000000002 must ask for 3 replicas, not 4.
 _EPSILON = 1e-9
@@ -60,6 +66,9 @@ class Load:
     osl: float
     burst: float = 1.0
     decode_rate_rps: float | None = None
+    # The prompt- and output-length mixes (means `isl` and `osl`); None: every request at the mean.
+    isl_mix: lengths.LengthMix | None = None
+    osl_mix: lengths.LengthMix | None = None
 
     def __post_init__(self) -> None:
         for name in ("rate_rps", "isl", "osl", "decode_rps"):
@@ -86,7 +95,8 @@ class Load:
         rates = f"{self.rate_rps:.3g} req/s"
         if abs(self.decode_rps - self.rate_rps) > 1e-3 * max(self.rate_rps, 1e-9):
             rates = f"{self.rate_rps:.3g} req/s of prompts, {self.decode_rps:.3g} of outputs"
-        return f"{rates} at ISL {self.isl:.0f}, OSL {self.osl:.0f}"
+        mix = " (their length mix)" if self.isl_mix is not None or self.osl_mix is not None else ""
+        return f"{rates} at ISL {self.isl:.0f}, OSL {self.osl:.0f}{mix}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +123,14 @@ class Corrections:
     # when prefilled requests were seen waiting for a slot; NaN: not seen yet. The profile may have been
     # measured with a larger cap (or assumes the KV cache is the only limit).
     decode_max_running: float = math.nan
+    # How far the prefill replicas share one queue (1: M/G/c, 0: separate M/G/1 queues), as the fleet
+    # has shown it; NaN: not seen yet (POOLING_PRIOR is used).
+    prefill_pooling: float = math.nan
+
+    @property
+    def pooling(self) -> float:
+        """The queue sharing to size with: the learned one in [0, 1], else POOLING_PRIOR."""
+        return min(1.0, max(0.0, self.prefill_pooling)) if math.isfinite(self.prefill_pooling) else POOLING_PRIOR
 
 
 def correction(observed_s: float | None, expected_s: float | None) -> float:
@@ -186,21 +204,19 @@ def _offset_words(name: str, offset: float, target_s: float) -> tuple[float, str
 
 
 def _prefill_need(
-    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float, offset_s: float
+    load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float, offset_s: float,
+    pooling: float = POOLING_PRIOR,
 ) -> _PhaseNeed:
     target = sla.ttft_ms / 1e3
     offset, offset_words = _offset_words("TTFT", offset_s, target)
-    # The profile at factor × its latency, plus the offset, within the target: ask it for (target − offset) / factor.
-    cap = capacity.prefill_capacity(load.isl, (target - offset) / factor, percentile=sla.percentile)
-    if cap.target_met:
-        per_replica, how = cap.rate_rps / factor, f"{cap.rate_rps / factor:.3g} req/s per replica{offset_words}"
-    else:
-        per_replica = cap.best_effort_rps / factor
-        how = (f"{cap.reason}{offset_words}; sized so p{sla.percentile:g} requests never queue "
-               f"({per_replica:.3g} req/s per replica)")
+    # The profile at factor × its latency, plus the offset, within the target: every time scales by the
+    # factor, so the pool offered factor × the rate meets (target − offset) / factor on the profile.
+    pool = capacity.prefill_pool(load.prefill_rate_rps * factor, (target - offset) / factor, isl=load.isl,
+                                 percentile=sla.percentile, mix=load.isl_mix, pooling=pooling)
+    how = f"{pool.reason}{offset_words}"
     if load.burst > 1.0:
         how += f", for bursts at {load.burst:.2f}× the rate"
-    return _PhaseNeed(load.prefill_rate_rps / per_replica, how, cap.extrapolated)
+    return _PhaseNeed(float(pool.replicas), how, pool.extrapolated)
 
 
 def _decode_need(
@@ -210,7 +226,8 @@ def _decode_need(
     target = sla.itl_ms / 1e3
     offset, offset_words = _offset_words("ITL", offset_s, target)
     cap = capacity.decode_capacity(load.isl, load.osl, (target - offset) / factor,
-                                   max_running=max_running if math.isfinite(max_running) else None)
+                                   max_running=max_running if math.isfinite(max_running) else None,
+                                   context_length=capacities.decode_context(load.isl, load.osl_mix, load.osl))
     if cap.target_met:
         per_replica = cap.rate_rps / factor
         how = f"{per_replica:.3g} req/s per replica at concurrency {cap.concurrency:.1f}{offset_words}"
@@ -259,7 +276,7 @@ def size(
         return Desired({"prefill": 0, "decode": 0}, "no load predicted: no replicas needed beyond the minimums")
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
-    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s)
+    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s, corrections.pooling)
     decode = _decode_need(load, decode_model, sla, d_factor, corrections.decode_offset_s,
                           corrections.decode_max_running)
     p_replicas = _replicas_for(prefill.replicas)
@@ -289,7 +306,7 @@ def size_aggregated(
         return Desired({"aggregated": 0}, "no load predicted: no replicas needed beyond the minimum")
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
-    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s)
+    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s, corrections.pooling)
     decode = _decode_need(load, capacity, sla, d_factor, corrections.decode_offset_s,
                           corrections.decode_max_running)
     replicas = _replicas_for(prefill.replicas + decode.replicas)
@@ -355,6 +372,7 @@ def constrain(
     max_step_up: int | None = None,
     data_ok: bool = True,
     data_note: str = "",
+    safe: Mapping[Pool, int] | None = None,
 ) -> Decision:
     """Turn desired replicas into the replicas to run, one pool at a time, then fit the GPU budget.
 
@@ -413,6 +431,15 @@ def constrain(
             reasons.append(f"{pool}: scale up {now_n} → {new}{limited}")
             if new < target:
                 binding[pool] = "step-limit"
+        elif target < now_n and safe is not None and max(target, safe.get(pool, now_n)) < now_n:
+            new = max(target, safe[pool])
+            if max_step_down is not None:
+                new = max(new, now_n - max_step_down)
+            reasons.append(f"{pool}: scale down {now_n} → {new} at once: even a cautious forecast needs no more")
+            if new > target:  # the rest waits for the hold, as any scale-down does
+                waiting[pool] = state.waiting_since.get(pool, now)
+                peaks[pool] = max(target, state.waiting_peak.get(pool, target)) if pool in state.waiting_since else target
+                binding[pool] = "hold"
         elif target < now_n:
             since = state.waiting_since.get(pool, now)
             peak = max(target, state.waiting_peak.get(pool, target)) if pool in state.waiting_since else target

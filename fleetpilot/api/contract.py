@@ -8,6 +8,7 @@ I/O, and nothing here knows a Kubernetes client.
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,10 @@ PART_OF = "fleetpilot"
 #: than any TTFT target people set (0.2-2 s), so a burst this long cannot be queued through, and
 #: short enough to see the bursts of a minute's traffic.
 BURST_WINDOW_S = 5.0
+#: Bucket bounds (tokens) of the frontend's input- and output-length histograms, the last one +Inf as
+#: Prometheus has it: the planner sizes from the length mix they give (`planner/lengths.py`), and the
+#: backtest histograms a trace's requests with the same bounds.
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, math.inf)
 
 # -- annotations -----------------------------------------------------------------------------------
 

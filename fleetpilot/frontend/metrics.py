@@ -16,7 +16,7 @@ LATENCY_BUCKETS = tuple(round(0.001 * 1.15**i, 6) for i in range(79)) + (60.0,)
 # Requests/s from 0.2 (one request in a 5 s window) to about 13,000, 20% apart.
 RATE_BUCKETS = tuple(round(0.2 * 1.2**i, 3) for i in range(62))
 PHASES = contract.PHASES
-TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+TOKEN_BUCKETS = contract.TOKEN_BUCKETS
 
 
 class FrontendMetrics:

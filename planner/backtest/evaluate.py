@@ -255,13 +255,17 @@ def default_timing() -> perfmodel.PerformanceModel:
 
 
 PREDICTIVE_ONLY = "-predictive"  # a fleetpilot group with this suffix runs without the fast path
+MEAN_LENGTHS = "-mean"  # ... and with this one sizes every request at the mean lengths, not their mix
 
 
-def groups(predictors: Sequence[str], *, predictive_only: Sequence[str] = ()) -> list[str]:
+def groups(predictors: Sequence[str], *, predictive_only: Sequence[str] = (),
+           mean_lengths: Sequence[str] = ()) -> list[str]:
     """The units of work a sweep splits into (each keeps its own forecast memo); `predictive_only`
-    names the predictors also run without the planner's fast path."""
+    names the predictors also run without the planner's fast path, `mean_lengths` those also run
+    sizing at the mean lengths."""
     return ["static-peak", "static-mean", "hpa", "dynamo", "dynamo-v1", *(f"fleetpilot-{p}" for p in predictors),
-            *(f"fleetpilot-{p}{PREDICTIVE_ONLY}" for p in predictive_only), "oracle"]
+            *(f"fleetpilot-{p}{PREDICTIVE_ONLY}" for p in predictive_only),
+            *(f"fleetpilot-{p}{MEAN_LENGTHS}" for p in mean_lengths), "oracle"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,13 +336,15 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
         values = knobs["dynamo-v1"]
     elif group.startswith("fleetpilot-"):
         name = group.removeprefix("fleetpilot-")
+        length_mix = not name.endswith(MEAN_LENGTHS)
+        name = name.removesuffix(MEAN_LENGTHS)
         fast_path = not name.endswith(PREDICTIVE_ONLY)
         name = name.removesuffix(PREDICTIVE_ONLY)
         memo = policies.MemoPredictor(predict.make_predictor(name))
         chosen = memo
         def factory(k: float) -> policies.Policy:
             return policies.Fleetpilot(setting, chosen, predictor_name=name, risk=k, initial=start,
-                                       reactive=fast_path)
+                                       reactive=fast_path, length_mix=length_mix)
         values = knobs["fleetpilot"]
     elif group == "oracle":
         shares: dict[float, Sequence[Mapping[FleetPool, int]]] = {1.0: exact_needs}
@@ -393,9 +399,9 @@ def _run_shared(group: str) -> GroupResult:
 def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, workers: int = 1,
             knobs: Mapping[str, Sequence[float]] = KNOBS,
             progress: Callable[[GroupResult], None] | None = None,
-            predictive_only: Sequence[str] = ()) -> dict[str, GroupResult]:
+            predictive_only: Sequence[str] = (), mean_lengths: Sequence[str] = ()) -> dict[str, GroupResult]:
     """Every policy group on `scenario`, in `workers` processes (forked: the scenario is shared, not sent)."""
-    names = groups(predictors, predictive_only=predictive_only)
+    names = groups(predictors, predictive_only=predictive_only, mean_lengths=mean_lengths)
     # Once: every group's starting fleet (sized for every request of the first intervals: a fleet sized
     # for 90% of them leaves a backlog no policy clears before the first 5-minute window ends), and the oracle.
     needs = scenario.needs(1.0)

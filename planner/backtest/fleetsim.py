@@ -45,6 +45,7 @@ import numpy as np
 
 from fleetpilot import perfmodel
 from fleetpilot.api import contract
+from fleetpilot.planner import lengths
 from fleetpilot.traces import Request
 
 FleetPool = Literal["prefill", "decode"]
@@ -105,6 +106,9 @@ class WindowStats:
     # The arrival rate over the trailing `contract.BURST_WINDOW_S` that the percentile's request saw
     # (request-weighted); None: not known.
     burst_rate_p: float | None = None
+    # The window's prompt and output lengths as the frontend's histograms report them; None: no arrivals.
+    isl_histogram: lengths.Histogram | None = None
+    osl_histogram: lengths.Histogram | None = None
 
 
 @dataclasses.dataclass
@@ -304,6 +308,8 @@ class FleetSimulator:
                 sum(len(r.running) for r in self.replicas["decode"] if isinstance(r, _Decode) and r.stopped is None)),
             prefill_p=float(np.percentile(prefills, percentile)) if prefills.size else None,
             burst_rate_p=self._burst_rate(start, end, percentile),
+            isl_histogram=lengths.of_lengths([r.isl for r in arrivals]),
+            osl_histogram=lengths.of_lengths([r.osl for r in arrivals]),
         )
 
     # -- results --------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import numpy as np
 
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import lengths
 from fleetpilot.planner.backtest import scores
 from fleetpilot.planner.backtest.driver import WindowScores, fewest
 from fleetpilot.planner.backtest.fleetsim import (
@@ -94,6 +95,10 @@ class FluidFleet:
         self.isl = np.asarray(isl_sample, dtype=float)[pick]
         self.osl = np.asarray(osl_sample, dtype=float)[pick]
         self.isl_mean, self.osl_mean = float(self.isl.mean()), float(self.osl.mean())
+        # The sample's length histograms per arrival, scaled by each window's arrivals when reported.
+        isl_histogram, osl_histogram = lengths.of_lengths(list(self.isl)), lengths.of_lengths(list(self.osl))
+        assert isl_histogram is not None and osl_histogram is not None
+        self._length_histograms = (isl_histogram, osl_histogram)
         # Fixed quantiles for the waiting time, so a run is deterministic and percentiles are smooth.
         self._wait_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))
         self._place_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))  # when in the step
@@ -203,7 +208,16 @@ class FluidFleet:
             active={pool: self.active(pool) for pool in FLEET_POOLS},
             prefill_p=prefill, burst_rate_p=self._burst_rate(lo, hi, percentile) if total > 0 else None,
             **self._gauges(chosen[-1] if chosen else None),
+            isl_histogram=self._histogram(0, total), osl_histogram=self._histogram(1, total),
         )
+
+    def _histogram(self, which: int, arrivals: float) -> lengths.Histogram | None:
+        """The length histogram (0: prompts, 1: outputs) of `arrivals` requests drawn from the trace's sample."""
+        if arrivals <= 0:
+            return None
+        sample = self._length_histograms[which]
+        share = arrivals / len(self.isl)
+        return lengths.Histogram(tuple(c * share for c in sample.counts), sample.mean)
 
     def _burst_rate(self, lo: int, hi: int, percentile: float) -> float | None:
         """The trailing burst-window rate the percentile's request saw, from the arrivals per sub-step

@@ -10,7 +10,7 @@ aggressiveness knob, so that a sweep can draw its cost–attainment curve:
 | `hpa` | Kubernetes' HPA formula on utilisation (prefill busy share, decode KV usage), 300 s down-stabilisation, 10% tolerance | target utilisation |
 | `dynamo` | NVIDIA Dynamo's planner as documented today: a predictive throughput loop every 180 s sets a floor, a load loop every 5 s steps ±1 replica on the engines' queues | load factor on the forecast |
 | `dynamo-v1` | Dynamo's earlier throughput-only planner: mean TTFT/ITL corrections (prefill capped at 1), next-interval forecast, no hold | load factor |
-| `fleetpilot-<predictor>` | the real planner core: `core.plan_interval` every interval, `core.react` every 5 s between (`-predictive`: without it) | risk (the calibrated forecast quantile sized for) |
+| `fleetpilot-<predictor>` | the real planner core: `core.plan_interval` every interval, `core.react` every 5 s between (`-predictive`: without it; `-mean`: sizing every request at the mean lengths instead of their mix) | risk (the calibrated forecast quantile sized for) |
 | `oracle` | perfect foresight: the fewest replicas per window with which a share of its requests meets the SLA, asked for a startup time ahead | that share |
 
 Pure: no I/O and no clock. The oracle's per-window needs are computed by the caller (it needs the
@@ -404,8 +404,10 @@ class Fleetpilot(Base):
     report makes); the policy is then named `fleetpilot-<predictor>-predictive`."""
 
     def __init__(self, setting: Setting, predictor: predict.Predictor, *, predictor_name: str, risk: float,
-                 initial: Mapping[FleetPool, int], hold_s: float | None = None, reactive: bool = True) -> None:
-        self.name = f"fleetpilot-{predictor_name}" + ("" if reactive else "-predictive")
+                 initial: Mapping[FleetPool, int], hold_s: float | None = None, reactive: bool = True,
+                 length_mix: bool = True) -> None:
+        self.name = (f"fleetpilot-{predictor_name}" + ("" if reactive else "-predictive")
+                     + ("" if length_mix else "-mean"))
         self.knob = risk
         self.predictor = predictor
         self.setting = setting
@@ -415,7 +417,7 @@ class Fleetpilot(Base):
                     for pool, (lo, hi) in setting.bounds.items()},
             gpus_per_replica=dict.fromkeys(FLEET_POOLS, 1),
             startup_s=setting.startup_s, hold_s=hold_s if hold_s is not None else 5 * setting.interval_s,
-            risk=risk,
+            risk=risk, length_mix=length_mix,
         )
         if not reactive:
             self.config = dataclasses.replace(self.config, reactive_period_s=None)
@@ -436,6 +438,7 @@ class Fleetpilot(Base):
             ttft_s=stats.ttft_p, itl_s=stats.itl_p, prefill_s=stats.prefill_p, prefill_busy=stats.prefill_busy,
             itl_mean_s=stats.itl_mean, burst_rate_rps=stats.burst_rate_p,
             decode_running=stats.decode_running, decode_waiting=stats.decode_waiting,
+            isl_histogram=stats.isl_histogram, osl_histogram=stats.osl_histogram,
         )
         plan, self.memory = core.plan_interval(
             self.config, observation, self.memory, current=self._current, capacity=self.setting.capacity,

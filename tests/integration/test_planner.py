@@ -189,6 +189,8 @@ def test_planner_scales_up_with_load_down_after_the_hold_and_holds_without_metri
     print(f"\nscaled up to {high} {time.monotonic() - raised_at:.1f}s after the rate rose")
     status = graph()["status"]
     assert status["planner"]["predicted"]["rateRps"] > 50
+    # The length histograms reached sizing through Prometheus: prefill is sized over the prompt mix.
+    assert "prompt-length mix (mean 2000 tokens" in status["planner"]["reason"], status["planner"]["reason"]
     assert "prefill" in status["planner"]["replicas"]
     table = kubectl.run("get", "dg", "planned", "-n", namespace).stdout
     assert "prefill=" in table, table  # kubectl get dg shows the planner's last decision

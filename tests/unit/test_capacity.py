@@ -11,6 +11,7 @@ import pytest
 from fleetpilot import perfmodel
 from fleetpilot.api import profile as profiles
 from fleetpilot.planner import capacity as capacities
+from fleetpilot.planner import lengths
 
 CALIBRATION = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "calibration"
 needs_data = pytest.mark.skipif(not CALIBRATION.is_dir(), reason=f"no calibration data at {CALIBRATION}")
@@ -294,3 +295,73 @@ def test_measured_profile_rates_are_plausible() -> None:
     decode = capacity.decode_capacity(2897, 200, 0.0317967)
     assert decode.concurrency == pytest.approx(241)
     assert decode.rate_rps == pytest.approx(7390.4536 / 200)
+
+
+# -- the prefill pool: one shared queue, separate queues, and the length mix ---------------------------------
+
+
+def test_a_shared_queue_needs_fewer_replicas_than_separate_ones_computed_by_hand() -> None:
+    """20 prompts/s of 0.1 s each (2 Erlangs) at a 200 ms p90 TTFT. One shared queue (M/M/c): with 3
+    replicas Erlang C is 0.444 and the wait's tail decays at c − a = 1 per 0.1 s, so p90 TTFT is
+    0.1 + 0.1·ln(4.44) = 0.249 s (too slow); with 4, C = 0.174 and p90 TTFT 0.1 + 0.05·ln(1.74) = 0.128 s.
+    Separate queues: each replica an M/M/1 at its share, as many as the per-replica rate allows."""
+    assert float(capacities.erlang_c(3, 2.0)) == pytest.approx(4 / 9, rel=1e-9)
+    assert float(capacities.erlang_c(4, 2.0)) == pytest.approx(4 / 23, rel=1e-9)
+    assert TINY.expected_ttft_pool_s(20.0, 3, isl=1000) == pytest.approx(0.1 + 0.1 * math.log(40 / 9), rel=1e-6)
+    assert TINY.expected_ttft_pool_s(20.0, 4, isl=1000) == pytest.approx(0.1 + 0.05 * math.log(40 / 23), rel=1e-6)
+    shared = TINY.prefill_pool(20.0, 0.2, isl=1000, pooling=1.0)
+    assert shared.replicas == 4 and shared.target_met
+    separate = TINY.prefill_pool(20.0, 0.2, isl=1000, pooling=0.0)
+    assert separate.replicas == math.ceil(20.0 / TINY.prefill_rate_per_replica(1000, 0.2)) == 10
+    halfway = TINY.prefill_pool(20.0, 0.2, isl=1000, pooling=0.5)
+    assert shared.replicas <= halfway.replicas <= separate.replicas
+    assert "queue sharing 0.50" in halfway.reason
+
+
+def test_the_queue_sharing_a_fleet_shows_is_read_back_from_its_ttft() -> None:
+    """Whatever sharing the fleet has, the TTFT it shows gives that sharing back; a TTFT that neither
+    end explains says so (clamped), and one where nobody waited says nothing (NaN)."""
+    for pooling in (0.0, 0.3, 0.7, 1.0):
+        observed = TINY.expected_ttft_pool_s(20.0, 4, isl=1000, pooling=pooling)
+        assert observed > 0.1  # above the lone floor, where the queue shows
+        assert TINY.pooling_observed(observed, 20.0, 4, isl=1000) == pytest.approx(pooling, abs=1e-6)
+    slower_than_separate = 1.05 * TINY.expected_ttft_pool_s(20.0, 4, isl=1000, pooling=0.0)
+    assert TINY.pooling_observed(slower_than_separate, 20.0, 4, isl=1000) == 0.0
+    # Far slower than either end, where neither has anyone late: latency no queue explains (the offset's).
+    assert math.isnan(TINY.pooling_observed(3 * slower_than_separate, 20.0, 4, isl=1000))
+    # At the lone floor the percentile did not wait: at least as shared as the value that explains it.
+    floor = TINY.pooling_observed(0.1, 20.0, 5, isl=1000)
+    assert floor > 0.8 and TINY.expected_ttft_pool_s(20.0, 5, isl=1000, pooling=floor) == pytest.approx(0.1)
+    assert math.isnan(TINY.pooling_observed(0.5, 0.01, 5, isl=1000))  # idle: nobody waits in either model
+    assert math.isnan(TINY.pooling_observed(0.5, 60.0, 5, isl=1000))  # saturated
+
+
+def test_the_length_mix_prices_the_long_prompts_and_the_variance_of_their_service() -> None:
+    """Half the prompts at ISL 1000 (0.1 s alone and in service), half at 2000 (0.2 s): on one replica
+    E[S] = 0.15 s, R = E[S²] / 2E[S] = 0.025 / 0.3 s, the wait's tail ρ·exp(−(1 − ρ)·u / R), and the late
+    share at t ≥ 0.2 s is ½·ρ·e^(−θ(t − 0.1)) + ½·ρ·e^(−θ(t − 0.2)). The p90 TTFT solves it = 0.1."""
+    mix = lengths.LengthMix((1000.0, 2000.0), (0.5, 0.5))
+    rate = 4.0  # ρ = 0.6
+    rho, residual = 0.6, 0.025 / 0.3
+    theta = (1 - rho) / residual
+    ttft = TINY.expected_ttft_s(1500, rate, percentile=90, mix=mix)
+    late = 0.5 * rho * math.exp(-theta * (ttft - 0.1)) + 0.5 * rho * math.exp(-theta * (ttft - 0.2))
+    assert late == pytest.approx(0.1, rel=1e-6)
+    # Every prompt at the mean (1,500 tokens, no spread) misses the long half: it expects a shorter TTFT.
+    assert TINY.expected_ttft_s(1500, rate, percentile=90, mix=lengths.point(1500)) < ttft
+    # A target the long prompts miss even alone, for more than 10% of requests, is out of reach.
+    out_of_reach = TINY.prefill_pool(4.0, 0.15, isl=1500, mix=mix)
+    assert not out_of_reach.target_met and "out of reach for 50%" in out_of_reach.reason
+
+
+def test_decode_holds_the_size_biased_context_of_the_output_mix() -> None:
+    """Outputs of 10 and 990 tokens, half each: the running sequences are nearly all long ones, so the
+    mean context is E[isl] + E[osl²] / 2E[osl], above E[isl] + E[osl] / 2, and a replica sustains less."""
+    outputs = lengths.LengthMix((10.0, 990.0), (0.5, 0.5))
+    context = capacities.decode_context(1000.0, outputs, 500.0)
+    assert context == pytest.approx(1000 + (0.5 * 10**2 + 0.5 * 990**2) / 500 / 2)
+    assert context > capacities.decode_context(1000.0, None, 500.0) == 1250.0
+    mean_based = TINY.decode_capacity(1000, 500, 0.025)
+    mix_based = TINY.decode_capacity(1000, 500, 0.025, context_length=context)
+    assert mix_based.context_length == pytest.approx(context)
+    assert mix_based.rate_rps < mean_based.rate_rps

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import capacity, core, live
+from fleetpilot.planner import capacity, core, lengths, live
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +112,88 @@ def test_a_decode_backlog_the_profile_does_not_explain_adds_decode(model: capaci
     assert memory.decode_max_running == 64.0 and learned.corrections.decode_max_running == 64.0
     assert learned.replicas["decode"] > blind.replicas["decode"]
     assert learned.replicas["prefill"] == blind.replicas["prefill"]
+
+
+def _histogram(lengths_: list[float]) -> lengths.Histogram:
+    histogram = lengths.of_lengths(lengths_)
+    assert histogram is not None
+    return histogram
+
+
+def test_the_planner_learns_how_far_its_prefill_replicas_share_one_queue(model: capacity.CapacityModel) -> None:
+    """Two fleets of 4 prefill replicas at the same load: one shows the TTFT of a single shared queue,
+    the other that of four separate ones. Each teaches the planner its own sharing, and the planner
+    then sizes the first leaner than the second for the same forecast."""
+    cfg = config()
+    isl = 2000.0
+    rate = 0.8 * 4 / model.prefill_service_s(isl).value  # the pool 80% busy: its percentile request queues
+
+    def run(pooling: float) -> core.Plan:
+        prefill_s = model.expected_ttft_pool_s(rate, 4, isl=isl, percentile=90, pooling=pooling)
+        observation = core.Observation(time=0.0, rate_rps=rate, isl=isl, osl=200, ttft_s=prefill_s + 0.05,
+                                       itl_s=0.02, prefill_s=prefill_s)
+        memory, plan = core.GraphMemory(), None
+        for k in range(3):
+            plan, memory = core.plan_interval(cfg, dataclasses.replace(observation, time=60.0 * k), memory,
+                                              current={"prefill": 4, "decode": 2}, capacity=model, now=60.0 * k)
+        assert plan is not None
+        return plan
+
+    shared, separate = run(1.0), run(0.0)
+    assert shared.corrections.pooling == pytest.approx(1.0, abs=1e-6)
+    assert separate.corrections.pooling == pytest.approx(0.0, abs=1e-6)
+    # What the queue explains is not counted again as latency the profile misses.
+    assert abs(shared.corrections.prefill_offset_s) < 1e-3 and abs(separate.corrections.prefill_offset_s) < 1e-3
+    assert shared.replicas["prefill"] < separate.replicas["prefill"]
+    assert "queue sharing" in separate.reason
+
+
+def test_the_length_histograms_reach_sizing_as_a_mix_with_the_loads_mean(model: capacity.CapacityModel) -> None:
+    """Long-tailed prompts (most short, a few very long) at the same mean as uniform ones: the mix
+    reaches the load with that mean, and the long tail buys prefill replicas the mean would not."""
+    short, tail = [1000.0] * 90, [11000.0] * 10  # mean 2000, like the uniform case
+    uniform = [2000.0] * 100
+    cfg = config()
+
+    def plan_with(isls: list[float]) -> core.Plan:
+        observation = core.Observation(time=0.0, rate_rps=40.0, isl=2000, osl=200, ttft_s=0.3, itl_s=0.02,
+                                       isl_histogram=_histogram(isls), osl_histogram=_histogram([200.0] * 100))
+        plan, _ = core.plan_interval(cfg, observation, core.GraphMemory(), current=ONE_EACH, capacity=model, now=0.0)
+        return plan
+
+    long_tailed, even = plan_with(short + tail), plan_with(uniform)
+    assert long_tailed.predicted is not None and long_tailed.predicted.isl_mix is not None
+    assert long_tailed.predicted.isl_mix.mean == pytest.approx(long_tailed.predicted.isl)
+    assert long_tailed.replicas["prefill"] > even.replicas["prefill"]
+    mean_only, _ = core.plan_interval(dataclasses.replace(cfg, length_mix=False), dataclasses.replace(
+        core.Observation(time=0.0, rate_rps=40.0, isl=2000, osl=200, ttft_s=0.3, itl_s=0.02),
+        isl_histogram=_histogram(short + tail)), core.GraphMemory(), current=ONE_EACH, capacity=model, now=0.0)
+    assert mean_only.predicted is not None and mean_only.predicted.isl_mix is None
+
+
+def test_a_fleet_no_cautious_forecast_needs_goes_down_without_the_hold_once_the_forecast_is_scored(
+    model: capacity.CapacityModel,
+) -> None:
+    """Sixteen replicas of each for a load that needs a few, under an hour-long hold: while the
+    forecast has fewer than MIN_SCORES scored errors the hold keeps them (its cautious quantile means
+    nothing yet); then the pools go at once to what the 0.99-quantile of the load needs, which is no
+    less than what the forecast itself wants."""
+    cfg = dataclasses.replace(config(max_replicas=32), hold_s=3600.0)
+    memory = core.GraphMemory()
+    current = {"prefill": 16, "decode": 16}
+    plans, scored = [], []
+    for k in range(16):
+        observation = core.Observation(time=60.0 * k, rate_rps=10.0 + (k % 2), isl=2000, osl=200, ttft_s=0.2,
+                                       itl_s=0.02)
+        plan, memory = core.plan_interval(cfg, observation, memory, current=current, capacity=model, now=60.0 * k)
+        plans.append(plan)
+        scored.append(min(len(c.scores) for c in memory.forecast_calibration.values()) if memory.forecast_calibration
+                      else 0)
+        current = dict(plan.replicas)
+    cut = next(k for k, p in enumerate(plans) if p.replicas["prefill"] < 16)
+    assert any("at once" in r for r in plans[cut].reasons)
+    # Never before the forecast's errors were scored MIN_SCORES times, and as soon as they were.
+    assert scored[cut] >= core.conformal.MIN_SCORES > scored[cut - 1]
+    assert all(dict(p.replicas) == {"prefill": 16, "decode": 16} for p in plans[:cut])
+    after = [p.replicas["prefill"] for p in plans[cut:]]
+    assert after == sorted(after, reverse=True) and after[-1] >= 1  # down once, never back up on a flat load

@@ -48,6 +48,9 @@ TTFT_MS = (0.1 + 0.2 * math.log(5.0)) * 1e3
 # ISL 800 is below the grid and clamped to the ISL 1000 time (0.1 s), so still 5 requests/s.
 SLA = v1alpha1.SlaTarget(ttft_ms=TTFT_MS, itl_ms=20.0, percentile=90)
 LOAD = sizing.Load(rate_rps=20.0, isl=800, osl=400)
+# The hand-computed cases size prefill as separate queues, one M/M/1 per replica (queue sharing 0):
+# replicas = rate / the per-replica rate. A shared queue is tested on its own below.
+SEPARATE = sizing.Corrections(prefill_pooling=0.0)
 
 
 def bounds(low: int = 1, high: int = 8) -> v1alpha1.ScalingBounds:
@@ -64,7 +67,7 @@ def test_hand_computed_rates_behind_the_sizing_cases() -> None:
 
 def test_size_for_the_load() -> None:
     """Prefill: 20 / 5 = 4 replicas. Decode: 20 / 6.25 = 3.2 → 4 replicas."""
-    desired = sizing.size(LOAD, TINY, SLA)
+    desired = sizing.size(LOAD, TINY, SLA, SEPARATE)
     assert (desired.prefill, desired.decode) == (4, 4)
     assert dict(desired.replicas) == {"prefill": 4, "decode": 4}
     assert "prefill 4" in desired.reason and "decode 4" in desired.reason
@@ -73,14 +76,14 @@ def test_size_for_the_load() -> None:
 def test_size_rounds_exact_quotients_down() -> None:
     """Prefill 25 / 5 = 5 exactly, decode 25 / 6.25 = 4 exactly (floating point says 4.000000000000001;
     the planner must not buy a fifth replica for it)."""
-    desired = sizing.size(sizing.Load(25.0 * 1.0000000000000002, 800, 400), TINY, SLA)
+    desired = sizing.size(sizing.Load(25.0 * 1.0000000000000002, 800, 400), TINY, SLA, SEPARATE)
     assert (desired.prefill, desired.decode) == (5, 4)
 
 
 def test_prefill_and_decode_are_sized_for_their_own_rates() -> None:
     """The input-token and output-token loads have their own quantiles: 20 prompts/s for prefill
     (4 replicas), 30 outputs/s for decode (30 / 6.25 = 4.8 → 5); the reason names both rates."""
-    desired = sizing.size(sizing.Load(20.0, 800, 400, decode_rate_rps=30.0), TINY, SLA)
+    desired = sizing.size(sizing.Load(20.0, 800, 400, decode_rate_rps=30.0), TINY, SLA, SEPARATE)
     assert (desired.prefill, desired.decode) == (4, 5)
     assert "20 req/s of prompts, 30 of outputs" in desired.reason
     decode_only = sizing.size(sizing.Load(0.0, 800, 400, decode_rate_rps=1.0), TINY, SLA)
@@ -93,14 +96,14 @@ def test_corrections_raise_and_lower_replicas() -> None:
     more than 1.5× the replicas (the lone TTFT eats into the queueing slack too). Decode 0.5× faster:
     the profile at twice the ITL target (its grid's last row), then twice that rate."""
     ttft_s, itl_s = SLA.ttft_ms / 1e3, SLA.itl_ms / 1e3
-    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=1.5, decode=0.5))
+    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=1.5, decode=0.5, prefill_pooling=0.0))
     slower = TINY.prefill_rate_per_replica(800, ttft_s / 1.5) / 1.5
     faster = TINY.decode_rate_per_replica(800, 400, itl_s / 0.5) / 0.5
     assert (desired.prefill, desired.decode) == (math.ceil(20 / slower), math.ceil(20 / faster))
     assert desired.prefill > 6 and desired.decode == 2  # 20 / (100 / (400 × 0.030) × 2) = 1.2 → 2
     assert "prefill correction 1.50" in desired.reason
     # Below 1 is honoured for prefill too (fleetpilot's difference from a prefill correction capped at 1).
-    lower = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=0.6))
+    lower = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill=0.6, prefill_pooling=0.0))
     assert lower.prefill < 4  # 4 without the correction
 
 
@@ -119,14 +122,14 @@ def test_a_latency_offset_comes_off_the_target_up_to_half_of_it() -> None:
     less of the target for queueing; it is credited up to half the target, and never below zero."""
     ttft_s = SLA.ttft_ms / 1e3
     offset = 0.1 * ttft_s
-    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=offset))
+    desired = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=offset, prefill_pooling=0.0))
     assert desired.prefill == math.ceil(20 / TINY.prefill_rate_per_replica(800, ttft_s - offset)) > 4
     assert "ms of TTFT latency the profile does not model" in desired.reason
-    huge = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=10.0))
-    half = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=0.5 * ttft_s))
+    huge = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=10.0, prefill_pooling=0.0))
+    half = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=0.5 * ttft_s, prefill_pooling=0.0))
     assert huge.prefill == half.prefill
-    negative = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=-1.0))
-    assert negative.prefill == sizing.size(LOAD, TINY, SLA).prefill == 4
+    negative = sizing.size(LOAD, TINY, SLA, sizing.Corrections(prefill_offset_s=-1.0, prefill_pooling=0.0))
+    assert negative.prefill == sizing.size(LOAD, TINY, SLA, SEPARATE).prefill == 4
 
 
 def test_correction_from_latencies() -> None:
@@ -147,9 +150,14 @@ def test_unreachable_ttft_sizes_for_the_floor_and_says_so() -> None:
     """A 50 ms TTFT target at ISL 800 (0.1 s alone) cannot be met; sizing keeps the p90 request from
     waiting at all (ρ = 0.1: 1 request/s per replica): 20 replicas for 20 requests/s."""
     sla = v1alpha1.SlaTarget(ttft_ms=50.0, itl_ms=20.0)
-    desired = sizing.size(LOAD, TINY, sla)
+    desired = sizing.size(LOAD, TINY, sla, SEPARATE)
     assert desired.prefill == 20
-    assert "unreachable" in desired.reason
+    assert "out of reach" in desired.reason
+    # One shared queue: the pool in which fewer than 10% of prompts wait at all (Erlang C ≤ 0.1 at 2
+    # Erlangs offered), far fewer replicas than 20 separate queues.
+    shared = sizing.size(LOAD, TINY, sla, sizing.Corrections(prefill_pooling=1.0))
+    c = shared.prefill
+    assert capacities.erlang_c(c, 2.0) <= 0.1 < capacities.erlang_c(c - 1, 2.0)
 
 
 def test_decode_pool_may_have_its_own_capacity_model() -> None:
@@ -165,13 +173,13 @@ def test_decode_pool_may_have_its_own_capacity_model() -> None:
 
 def test_size_aggregated_adds_the_phase_shares() -> None:
     """A replica's time goes to both phases: 20 / 5 + 20 / 6.25 = 4 + 3.2 = 7.2 → 8 replicas."""
-    desired = sizing.size_aggregated(LOAD, TINY, SLA)
+    desired = sizing.size_aggregated(LOAD, TINY, SLA, SEPARATE)
     assert dict(desired.replicas) == {"aggregated": 8}
     assert desired.aggregated == 8
     assert "4.00" in desired.reason and "3.20" in desired.reason
-    corrected = sizing.size_aggregated(LOAD, TINY, SLA, sizing.Corrections(prefill=2.0))
+    corrected = sizing.size_aggregated(LOAD, TINY, SLA, sizing.Corrections(prefill=2.0, prefill_pooling=0.0))
     slower = TINY.prefill_rate_per_replica(800, SLA.ttft_ms / 1e3 / 2.0) / 2.0
-    assert corrected.aggregated == math.ceil(20 / slower + 3.2)
+    assert corrected.aggregated == math.ceil(20 / slower) + math.ceil(3.2)  # the prefill pool is whole replicas
 
 
 def test_invalid_inputs_are_refused() -> None:
@@ -202,6 +210,8 @@ def decide(
     bounds_: Mapping[sizing.Pool, v1alpha1.ScalingBounds] = DISAGG_BOUNDS,
     max_step_up: int | None = None,
     data_ok: bool = True,
+    safe: Mapping[sizing.Pool, int] | None = None,
+    max_step_down: int | None = 1,
 ) -> sizing.Decision:
     return sizing.constrain(
         want,
@@ -212,10 +222,11 @@ def decide(
         state=state,
         now=now,
         hold_seconds=300.0,
-        max_step_down=1,
+        max_step_down=max_step_down,
         max_step_up=max_step_up,
         data_ok=data_ok,
         data_note="Prometheus unreachable",
+        safe=safe,
     )
 
 
@@ -239,6 +250,24 @@ def test_scale_down_waits_for_the_hold_period_then_steps() -> None:
         seen.append(decision.prefill)
     assert seen == [4, 4, 3, 3, 2, 2]
     assert state.waiting_since == {}
+
+
+def test_a_pool_above_what_a_cautious_forecast_needs_goes_down_to_it_at_once() -> None:
+    """Prefill 10 wanting 3, and even the cautious forecast wanting only 5: down to 5 now, the last two
+    after the hold, as any scale-down. Decode 4 wanting 2 with a cautious 4: the hold as usual. Never
+    below the target, never more than max_step_down in a step."""
+    current: dict[sizing.Pool, int] = {"prefill": 10, "decode": 4}
+    now_ = decide(desire(3, 2), current, safe={"prefill": 5, "decode": 4}, max_step_down=None)
+    assert (now_.prefill, now_.decode) == (5, 4)
+    assert any("prefill: scale down 10 → 5 at once" in r for r in now_.reasons)
+    assert now_.state.waiting_since == {"prefill": 0.0, "decode": 0.0} and now_.binding["prefill"] == "hold"
+    later = decide(desire(3, 2), dict(now_.replicas), state=now_.state, now=300.0, safe={"prefill": 5, "decode": 4},
+                   max_step_down=None)
+    assert (later.prefill, later.decode) == (3, 2)
+    below_target = decide(desire(6, 2), current, safe={"prefill": 2, "decode": 4}, max_step_down=None)
+    assert below_target.prefill == 6
+    stepped = decide(desire(3, 2), current, safe={"prefill": 5, "decode": 4}, max_step_down=2)
+    assert stepped.prefill == 8
 
 
 def test_a_rising_desire_restarts_the_wait() -> None:
