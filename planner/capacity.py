@@ -495,7 +495,7 @@ class CapacityModel:
             # Out of reach for more than 1 − p of the prompts: a pool in which the percentile never waits.
             return pooling * float(erlang_c(servers, offered)) + (1.0 - pooling) * offered / servers <= tail + 1e-9
 
-        servers = _fewest(max(1, math.ceil(offered / self.max_utilization - 1e-9)), enough)
+        servers = _fewest_from(max(1, math.ceil(offered / self.max_utilization - 1e-9)), enough)
         rho = offered / servers
         mix_words = (f"over the prompt-length mix (mean {work.mean_isl:.0f} tokens, p{percentile:g} alone "
                      f"{lone_p * 1e3:.0f} ms)" if mix is not None else f"at ISL {isl:.0f}")
@@ -793,20 +793,27 @@ _LIMIT_WORDS: dict[DecodeLimit, str] = {
 }
 
 
-def _fewest(start: int, enough: Callable[[int], bool]) -> int:
-    """The least n ≥ `start` with `enough(n)`, `enough` monotone (doubling, then bisection)."""
-    if enough(start):
-        return start
-    low, high = start, start * 2
+def fewest(lo: int, hi: int, enough: Callable[[int], bool]) -> int:
+    """The smallest n in [lo, hi] for which `enough(n)` holds (taken as monotone), by bisection; `hi`
+    when none does. Replica counts run to the hundreds: a linear walk would evaluate each one."""
+    if enough(lo):
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if enough(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _fewest_from(start: int, enough: Callable[[int], bool]) -> int:
+    """The least n ≥ `start` with `enough(n)`, `enough` monotone and true somewhere: doubling to a bound,
+    then `fewest`."""
+    low, high = start, start
     while not enough(high):
         low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        if enough(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return fewest(low, high, enough)
 
 
 def _roots(a: float, b: float, c: float) -> list[float]:

@@ -32,6 +32,7 @@ from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import predict
 from fleetpilot.planner.backtest import fleetsim, policies, scores
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
+from fleetpilot.planner.capacity import fewest
 from fleetpilot.traces import Request
 
 
@@ -338,20 +339,6 @@ def run_shared(graphs: Sequence[SharedGraph], *, budget: int, duration_s: float,
 
 
 # -- the oracle's needs ------------------------------------------------------------------------------
-
-
-def fewest(lo: int, hi: int, enough: Callable[[int], bool]) -> int:
-    """The smallest n in [lo, hi] for which `enough(n)` holds (taken as monotone), by bisection; `hi`
-    when none does. Replica counts at ×16 run to the hundreds: a linear walk simulates each one."""
-    if enough(lo):
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if enough(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, setting: policies.Setting, *,

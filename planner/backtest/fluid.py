@@ -42,7 +42,7 @@ from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import lengths
 from fleetpilot.planner.backtest import scores
-from fleetpilot.planner.backtest.driver import WindowScores, fewest
+from fleetpilot.planner.backtest.driver import WindowScores
 from fleetpilot.planner.backtest.fleetsim import (
     FLEET_POOLS,
     FleetConfig,
@@ -50,6 +50,7 @@ from fleetpilot.planner.backtest.fleetsim import (
     WindowStats,
     lone_prefill_s,
 )
+from fleetpilot.planner.capacity import erlang_c, fewest
 
 _SAMPLE = 2000  # requests in the length sample; every percentile is read off it
 
@@ -394,18 +395,6 @@ class FluidFleet:
         self._prefill_backlog = result.prefill_backlog_s
         self._decode_backlog = result.decode_backlog_requests
         return result
-
-
-def erlang_c(servers: int, offered: float | np.ndarray) -> np.ndarray:
-    """The probability that an arrival waits in an M/M/c queue with `offered` Erlangs of load, for
-    each of an array of loads (Erlang B's recursion, then B → C)."""
-    offered = np.asarray(offered, dtype=float)
-    blocking = np.ones_like(offered)
-    for k in range(1, servers + 1):
-        blocking = offered * blocking / (k + offered * blocking)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        waiting = servers * blocking / (servers - offered * (1.0 - blocking))
-    return np.where(offered <= 0, 0.0, np.where(offered >= servers, 1.0, waiting))
 
 
 def _weighted_percentile(samples: Sequence[np.ndarray], weights: np.ndarray, percentile: float) -> float:
