@@ -1,8 +1,8 @@
-"""The capacity model: requests per second one replica sustains within the SLA, from a Profile.
+"""The capacity model: what replicas sustain within the SLA, from a Profile.
 
-Where it sits: step 3 of the planner (size) asks it, per component, how many requests per second one
-replica can take at the predicted ISL/OSL without breaking the TTFT or ITL target; `sizing` divides
-the predicted rate by that. The planner's observe step also asks it what latency the profile expects
+Where it sits: step 3 of the planner (size) asks it how many prefill replicas the predicted prompts
+need (`prefill_pool`) and how many requests per second one decode replica can take at the predicted
+lengths without breaking the ITL target; `sizing` divides the decode rate by that. The planner's observe step also asks it what latency the profile expects
 at the observed load (`expected_ttft_s`, `expected_itl_s`), so that observed/expected latency ratios
 (the corrections) measure how wrong the profile is, not how loaded the fleet is. Pure: no I/O, no clock.
 
@@ -32,14 +32,22 @@ replica sustains the best rate at any concurrency up to the ceiling; usually tha
 ceiling, but past a batch cap the rate can dip. Taking the best also makes the rate grow with the
 target, whatever bumps the measurements have.
 
-With the length mix (`lengths.LengthMix`, from the frontend's histograms) instead of one mean, prefill
-is an M/G/1 queue over the mix: service S(x) and lone TTFT L(x) per prompt length x, utilisation
-ρ = λ·E[S], the waiting time's tail P(W > t) ≈ ρ·exp(−θ·t) with the Pollaczek–Khinchine mean wait
-(θ = 2·E[S]·(1 − ρ) / E[S²]; for exponential service this is the M/M/1 tail above), and the TTFT at
-percentile p is the t with Σₓ share(x)·P(L(x) + W > t) = 1 − p: the long prompts of the mix, not its
-mean, decide whether the percentile holds. Decode with the mix takes the context a running sequence
-holds as the size-biased mean E[isl] + E[osl²] / 2E[osl] (long outputs run longer, so they are more of
-what is running than of what arrives).
+The prefill pool (`prefill_pool`, what sizing asks): the replicas a rate needs, not a rate per
+replica, because how many replicas share the work changes what each can carry. Over the length mix
+(`lengths.LengthMix`, from the frontend's histograms) each prompt length x has its service S(x) and
+lone TTFT L(x); the pool is offered a = λ·E[S] Erlangs, and the TTFT at percentile p is the t with
+Σₓ share(x)·P(L(x) + W > t) = 1 − p, so the long prompts of the mix, not its mean, decide whether the
+percentile holds. The wait W lies between two ends, mixed by the pool's queue sharing π
+(`late_share_pooled`): one shared queue (M/G/c: the Erlang-C chance to wait, then an exponential
+wait of mean R / (c·(1 − ρ)), R = E[S²] / 2E[S], Allen–Cunneen), which is what Poisson arrivals and a
+least-loaded router give, and c separate M/G/1 queues at λ/c each (the single replica above, with the
+mix's R), which is closer to what clumped arrivals give (the Mooncake trace sends ~10 prompts at the same
+instant: its p90 prompt waited a second at 46% busy over 12 replicas, where M/G/c says nothing waits).
+The planner learns π from its fleet's TTFT (`pooling_observed`); with many replicas the shared end
+needs far fewer of them than the separate one. Without a mix every prompt is at the mean length with
+exponential service (R = S). Decode with the mix takes the context a running sequence holds as the
+size-biased mean E[isl] + E[osl²] / 2E[osl] (`decode_context`: long outputs run longer, so they are
+more of what is running than of what arrives).
 
 Interpolation is piecewise linear in the quantities that are close to linear, never in ratios of
 them: prefill service time and TTFT in ISL (a prompt's cost is about a + b·isl; tokens/s = isl / time
