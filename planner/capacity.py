@@ -229,11 +229,7 @@ class _PrefillMix:
             return float(self.shares[self.lone_s > t].sum())
         if servers <= 0 or offered >= servers:
             return 1.0
-        return self.late_share_given(t, servers, offered, float(erlang_c(servers, offered)))
-
-    def late_share_given(self, t: float, servers: int, offered: float, waits: float) -> float:
-        """`late_share_pool` with the Erlang-C probability `waits` already known (the sizing search
-        carries Erlang B's recursion from one pool size to the next)."""
+        waits = float(erlang_c(servers, offered))
         late_alone = self.lone_s > t
         theta = servers * (1.0 - offered / servers) / self.residual_s
         slack = np.maximum(t - self.lone_s, 0.0)
@@ -249,10 +245,6 @@ class _PrefillMix:
         shared = self.late_share_pool(t, servers, rate_rps) if pooling > 0.0 else 0.0
         separate = self.late_share_pool(t, 1, rate_rps / servers) if pooling < 1.0 and servers > 0 else 0.0
         return pooling * shared + (1.0 - pooling) * separate
-
-    def late_share(self, t: float, rho: float) -> float:
-        """P(L(X) + W > t) on one replica at utilisation ρ (the pool of one)."""
-        return self.late_share_pool(t, 1, rho / self.mean_service_s)
 
     def lone_quantile_s(self, percentile: float) -> float:
         """The lone TTFT at `percentile` of the mix's requests (the floor no replica count removes)."""
@@ -391,15 +383,12 @@ class CapacityModel:
             extrapolated=any(v.extrapolated for v in (*lone, *service)), residual_s=residual)
 
     def prefill_capacity(
-        self, isl: float, ttft_target_s: float, *, percentile: float = DEFAULT_PERCENTILE,
-        mix: lengths.LengthMix | None = None,
+        self, isl: float, ttft_target_s: float, *, percentile: float = DEFAULT_PERCENTILE
     ) -> PrefillCapacity:
-        """Requests/s one prefill replica sustains with TTFT at `percentile` under the target; over the
-        prompt-length `mix` when given (then `isl` is not read), else every prompt at `isl`."""
+        """Requests/s one prefill replica alone sustains with TTFT at `percentile` under the target, every
+        prompt at `isl` (the M/M/1 of the module docstring): what a pool of separate queues multiplies."""
         _check_positive(isl=isl, ttft_target_s=ttft_target_s)
         _check_percentile(percentile)
-        if mix is not None:
-            return self._prefill_capacity_mix(self._prefill_mix(mix, isl), ttft_target_s, percentile=percentile)
         service = self.prefill_service_s(isl)
         lone = self.lone_ttft_s(isl)
         extrapolated = service.extrapolated or lone.extrapolated
@@ -447,20 +436,12 @@ class CapacityModel:
         return self.prefill_capacity(isl, ttft_target_s, percentile=percentile).rate_rps
 
     def expected_ttft_s(
-        self, isl: float, rate_per_replica: float, *, percentile: float = DEFAULT_PERCENTILE,
-        mix: lengths.LengthMix | None = None,
+        self, isl: float, rate_per_replica: float, *, percentile: float = DEFAULT_PERCENTILE
     ) -> float:
-        """TTFT at `percentile` the model expects when each prefill replica gets `rate_per_replica`
-        (over the prompt-length `mix` when given).
-
-        Infinite at or beyond saturation. The planner compares the observed TTFT with this to learn
-        how the fleet differs from its profile.
+        """TTFT at `percentile` the model expects of one replica alone offered `rate_per_replica`, every
+        prompt at `isl` (infinite at or beyond saturation); `expected_ttft_pool_s` is the pool's.
         """
         _check_percentile(percentile)
-        if mix is not None:
-            work = self._prefill_mix(mix, isl)
-            rho = max(0.0, rate_per_replica) * work.mean_service_s
-            return work.ttft_quantile_s(rho, percentile=percentile)
         service = self.prefill_service_s(isl).value
         rho = max(0.0, rate_per_replica) * service
         return self.lone_ttft_s(isl).value + _wait_quantile(rho, service_s=service, percentile=percentile)
@@ -549,39 +530,6 @@ class CapacityModel:
         if separate - shared < _POOLING_RESOLUTION:
             return math.nan
         return min(1.0, max(0.0, (separate - tail) / (separate - shared)))
-
-    def _prefill_capacity_mix(self, work: _PrefillMix, ttft_target_s: float, *, percentile: float,
-                              ) -> PrefillCapacity:
-        tail = 1.0 - percentile / 100.0
-        service = work.mean_service_s
-        lone_p = work.lone_quantile_s(percentile)
-        best_effort = min(tail, self.max_utilization) / service
-        late_alone = float(work.shares[work.lone_s > ttft_target_s].sum())
-        if late_alone > tail:
-            return PrefillCapacity(
-                rate_rps=0.0, best_effort_rps=best_effort, utilization=0.0, service_time_s=service,
-                lone_ttft_s=lone_p, target_met=False, extrapolated=work.extrapolated,
-                reason=(f"TTFT target {ttft_target_s * 1e3:.0f} ms is unreachable for {late_alone:.0%} of the "
-                        f"prompt-length mix even alone on a replica (p{percentile:g} allows {tail:.0%})"))
-        low, high = 0.0, 1.0
-        for _ in range(60):  # the late share grows with ρ: bisect for the highest ρ that keeps it ≤ 1 − p
-            mid = (low + high) / 2.0
-            if work.late_share(ttft_target_s, mid) <= tail:
-                low = mid
-            else:
-                high = mid
-        capped = low >= self.max_utilization
-        rho = min(low, self.max_utilization)
-        rate = rho / service
-        why = f"utilisation cap {self.max_utilization:.0%}" if capped else f"p{percentile:g} queueing"
-        reason = (
-            f"{rate:.3g} req/s per prefill replica over the prompt-length mix (mean {work.mean_isl:.0f} tokens, "
-            f"p{percentile:g} lone TTFT {lone_p * 1e3:.0f} ms): {service * 1e3:.1f} ms per prompt, utilisation "
-            f"{rho:.0%} ({why}) keeps p{percentile:g} TTFT ≤ {ttft_target_s * 1e3:.0f} ms"
-            + (" (extrapolated beyond the profile)" if work.extrapolated else "")
-        )
-        return PrefillCapacity(rate_rps=rate, best_effort_rps=best_effort, utilization=rho, service_time_s=service,
-                               lone_ttft_s=lone_p, target_met=True, extrapolated=work.extrapolated, reason=reason)
 
     # -- decode -------------------------------------------------------------------------------------------
 

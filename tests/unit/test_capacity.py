@@ -344,11 +344,11 @@ def test_the_length_mix_prices_the_long_prompts_and_the_variance_of_their_servic
     rate = 4.0  # ρ = 0.6
     rho, residual = 0.6, 0.025 / 0.3
     theta = (1 - rho) / residual
-    ttft = TINY.expected_ttft_s(1500, rate, percentile=90, mix=mix)
+    ttft = TINY.expected_ttft_pool_s(rate, 1, isl=1500, percentile=90, mix=mix)  # a pool of one replica
     late = 0.5 * rho * math.exp(-theta * (ttft - 0.1)) + 0.5 * rho * math.exp(-theta * (ttft - 0.2))
     assert late == pytest.approx(0.1, rel=1e-6)
     # Every prompt at the mean (1,500 tokens, no spread) misses the long half: it expects a shorter TTFT.
-    assert TINY.expected_ttft_s(1500, rate, percentile=90, mix=lengths.point(1500)) < ttft
+    assert TINY.expected_ttft_pool_s(rate, 1, isl=1500, percentile=90, mix=lengths.point(1500)) < ttft
     # A target the long prompts miss even alone, for more than 10% of requests, is out of reach.
     out_of_reach = TINY.prefill_pool(4.0, 0.15, isl=1500, mix=mix)
     assert not out_of_reach.target_met and "out of reach for 50%" in out_of_reach.reason
