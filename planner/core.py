@@ -21,6 +21,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Mapping
+from typing import Any
 
 from scipy import stats
 
@@ -217,6 +218,42 @@ def warm_memory(rates: tuple[float, ...], isls: tuple[float, ...], osls: tuple[f
     if not len(rates) == len(isls) == len(osls):
         raise ValueError("rates, isls and osls must be as long as each other")
     return GraphMemory(rates=rates[-HISTORY_LIMIT:], isls=isls[-HISTORY_LIMIT:], osls=osls[-HISTORY_LIMIT:])
+
+
+# What the planner has learned of a graph's fleet, as `status.planner.learned` carries it across a
+# restart or a leader change: the status field and the Corrections field (or the memory's) behind it.
+_LEARNED_CORRECTIONS = {"prefillSpeed": "prefill", "decodeSpeed": "decode", "prefillOffsetSeconds": "prefill_offset_s",
+                        "decodeOffsetSeconds": "decode_offset_s", "prefillQueueSharing": "prefill_pooling"}
+
+
+def learned(memory: GraphMemory) -> dict[str, float]:
+    """What the planner has learned of the graph's fleet (pure): the calibrated corrections, the burst
+    factor and decode's running cap, each only where measured, as plain numbers for the graph's status."""
+    values = {key: getattr(calibrated(memory.calibration), field) for key, field in _LEARNED_CORRECTIONS.items()}
+    if memory.bursts:
+        values["burst"] = _median(memory.bursts, 1.0)
+    if memory.decode_max_running is not None:
+        values["decodeMaxRunning"] = memory.decode_max_running
+    return {key: round(value, 4) for key, value in values.items() if math.isfinite(value)}
+
+
+def remember(memory: GraphMemory, known: Mapping[str, Any]) -> GraphMemory:
+    """`memory` seeded with what an earlier planner learned (`learned`, read back from the graph's
+    status): as if its last CALIBRATION_INTERVALS intervals had each measured it, so the first decision
+    after a restart is the one the earlier planner would have made, and new intervals move it as they
+    would have. Values that are not finite numbers are ignored (a hand edit, an older planner)."""
+    def number(key: str) -> float:
+        value = known.get(key)
+        return float(value) if isinstance(value, int | float) and math.isfinite(value) else math.nan
+
+    estimate = sizing.Corrections(**{field: number(key) for key, field in _LEARNED_CORRECTIONS.items()})
+    burst, cap = number("burst"), number("decodeMaxRunning")
+    return dataclasses.replace(
+        memory,
+        calibration=(estimate,) * CALIBRATION_INTERVALS,
+        bursts=(burst,) * CALIBRATION_INTERVALS if burst >= 1.0 else memory.bursts,
+        decode_max_running=cap if cap > 0 else memory.decode_max_running,
+    )
 
 
 def _append(series: tuple[float, ...], value: float) -> tuple[float, ...]:

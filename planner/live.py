@@ -318,7 +318,7 @@ class LivePlanner:
             percentile=config.sla.percentile)
         memory = self.memory.get(key)
         if memory is None:
-            memory = await self._warm_start(namespace, name, config)
+            memory = await self._warm_start(namespace, name, config, body)
         plan, self.memory[key] = core.plan_interval(
             config, observation, memory, current=current, capacity=capacity, now=time.monotonic(), ready=ready)
         if budget is not None and plan.wanted_gpus is not None:
@@ -350,19 +350,27 @@ class LivePlanner:
                                message=f"holding replicas: {observation.error or 'incomplete metrics'}")
         else:
             verb = "scaling" if config.mode == "sla" else "advising (mode advisory: replicas untouched)"
-            await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}")
+            await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}",
+                               learned=core.learned(self.memory[key]))
         return plan
 
-    async def _warm_start(self, namespace: str, name: str, config: core.GraphPlanConfig) -> core.GraphMemory:
+    async def _warm_start(self, namespace: str, name: str, config: core.GraphPlanConfig,
+                          body: dict[str, Any]) -> core.GraphMemory:
         """A graph's first plan since this planner started (or became leader): its load history from
-        Prometheus, as far back as the predictors look, so the decision is the one it would have made
-        had it been running all along."""
+        Prometheus, as far back as the predictors look, and what the planner before it had learned of the
+        fleet (`status.planner.learned`), so the decision is the one it would have made had it been
+        running all along."""
         points = max(1, min(core.HISTORY_LIMIT, WARM_START_MAX_POINTS, int(WARM_START_S // config.interval_s)))
         history = await asyncio.to_thread(self.observer.history, namespace=namespace, graph=name,
                                           window_s=int(config.interval_s), points=points)
         logger.info("%s/%s: warm start with %d intervals of history (%.1f h) from Prometheus", namespace, name,
                     len(history.rates), len(history.rates) * config.interval_s / 3600)
-        return core.warm_memory(history.rates, history.isls, history.osls)
+        memory = core.warm_memory(history.rates, history.isls, history.osls)
+        known = ((body.get("status") or {}).get("planner") or {}).get("learned")
+        if isinstance(known, dict) and known:
+            logger.info("%s/%s: warm start with what the planner had learned: %s", namespace, name, known)
+            memory = core.remember(memory, known)
+        return memory
 
     async def react_graph(self, body: dict[str, Any], state: FastPathState) -> reactive.Reaction | None:
         """The fast path for one graph (`core.react`): from the engines' queues now, add the replicas the
@@ -442,11 +450,15 @@ class LivePlanner:
                 FORECAST_COVERAGE.labels(namespace, name, load, f"{level:g}").set(share)
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
-                      message: str) -> None:
+                      message: str, learned: dict[str, float] | None = None) -> None:
         conditions = body.get("status", {}).get("conditions", [])
         previous = contract.find_condition(conditions, "PlannerActive") or {}
         block: dict[str, Any] = {"lastDecisionTime": contract.now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
                                  "reason": message[:1024]}
+        if learned:
+            block["learned"] = learned
+        elif "learned" in ((body.get("status") or {}).get("planner") or {}):
+            block["learned"] = body["status"]["planner"]["learned"]  # holding: keep what is known
         if plan is not None:
             block["replicas"] = dict(plan.replicas)
             block["binding"] = dict(plan.binding)

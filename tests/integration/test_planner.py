@@ -230,9 +230,13 @@ def test_planner_scales_up_with_load_down_after_the_hold_and_holds_without_metri
     wait_for(lambda: condition(graph(), "PlannerActive").get("status") == "True", timeout=4 * INTERVAL_S,
              what="planning to resume once Prometheus is back")
 
-    # A restarted planner (or a new leader) starts from the load history Prometheus kept, not cold.
+    # A restarted planner (or a new leader) starts from the load history Prometheus kept, not cold, and
+    # from what the one before it had learned of the fleet (kept in the graph's status).
+    learned = graph()["status"]["planner"]["learned"]
+    assert {"prefillSpeed", "decodeSpeed", "prefillOffsetSeconds"} <= set(learned), learned
     planned["restart"]()
     loaded = re.compile(r"planned: warm start with (\d+) intervals of history")
     counts = wait_for(lambda: [int(n) for n in loaded.findall(planned["log"].read_text())][1:], timeout=60,
                       what="the restarted planner's warm start")
     assert counts[0] >= 3, f"the restarted planner loaded only {counts[0]} intervals of history"
+    assert "planned: warm start with what the planner had learned" in planned["log"].read_text()

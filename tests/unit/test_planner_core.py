@@ -197,3 +197,39 @@ def test_a_fleet_no_cautious_forecast_needs_goes_down_without_the_hold_once_the_
     assert all(dict(p.replicas) == {"prefill": 16, "decode": 16} for p in plans[:cut])
     after = [p.replicas["prefill"] for p in plans[cut:]]
     assert after == sorted(after, reverse=True) and after[-1] >= 1  # down once, never back up on a flat load
+
+
+def test_what_the_planner_learned_survives_a_restart_through_the_graphs_status(model: capacity.CapacityModel) -> None:
+    """A planner that ran twelve intervals on a fleet slower than its profile, whose prompts queue as
+    if each replica stood alone, and whose decode engines cap at 40 sequences; a new one starts from
+    the load history (Prometheus) and `status.planner.learned`: its next decision is the one the old
+    planner makes, and without the learned state it is not."""
+    cfg = config(max_replicas=64)
+    isl, rate = 2000.0, 40.0
+    prefill_s = 1.6 * model.expected_ttft_pool_s(rate * 1.6, 6, isl=isl, percentile=90, pooling=0.0)
+
+    def seen_at(k: int) -> core.Observation:
+        return core.Observation(time=60.0 * k, rate_rps=rate, isl=isl, osl=200, ttft_s=prefill_s + 0.05,
+                                itl_s=0.03, prefill_s=prefill_s, prefill_busy=min(0.85, rate * 1.6 * model.prefill_service_s(isl).value / 6),
+                                decode_running=120.0, decode_waiting=30.0)
+    memory, current = core.GraphMemory(), {"prefill": 6, "decode": 3}
+    for k in range(12):
+        _, memory = core.plan_interval(cfg, seen_at(k), memory, current=current, capacity=model, now=60.0 * k)
+    status = core.learned(memory)
+    assert status["prefillSpeed"] == pytest.approx(1.6, rel=0.05)
+    assert status["prefillQueueSharing"] == pytest.approx(0.0, abs=0.05) and status["decodeMaxRunning"] == 40.0
+    assert all(isinstance(v, float) for v in status.values())
+
+    def next_plan(start: core.GraphMemory) -> core.Plan:
+        """From one replica each, so that the decision is the sizing itself (no hold in the way)."""
+        plan, _ = core.plan_interval(cfg, seen_at(12), start, current=ONE_EACH, capacity=model, now=720.0)
+        return plan
+
+    restarted = core.remember(core.warm_memory(memory.rates, memory.isls, memory.osls), status)
+    cold = core.warm_memory(memory.rates, memory.isls, memory.osls)
+    assert dict(next_plan(restarted).replicas) == dict(next_plan(memory).replicas)
+    assert dict(next_plan(cold).replicas) != dict(next_plan(memory).replicas)
+    # A hand-edited or foreign status is ignored field by field, never a crash.
+    odd = core.remember(core.GraphMemory(), {"prefillSpeed": "fast", "burst": float("nan"), "decodeMaxRunning": -3})
+    assert core.learned(odd) == {"prefillSpeed": 1.0, "decodeSpeed": 1.0, "prefillOffsetSeconds": 0.0,
+                                 "decodeOffsetSeconds": 0.0}
