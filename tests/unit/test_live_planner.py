@@ -239,9 +239,15 @@ def test_a_planner_that_starts_loads_each_graphs_history_from_prometheus() -> No
         "components": {"prefill": {}, "decode": {}},
         "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "intervalSeconds": 60}})
     config = core.config_from_spec(spec)
-    memory = asyncio.run(planner._warm_start("ns", "g", config))
+    memory = asyncio.run(planner._warm_start("ns", "g", config, {"status": {}}))
     assert memory.rates == (1.0, 2.0, 3.0) and memory.isls == (2000.0,) * 3
     assert observer.asked == [(60, core.HISTORY_LIMIT)]  # a week of minutes is more than the predictors use
+    assert "decodeMaxRunning" not in core.learned(memory)  # nothing was known before it
+
+    known = {"status": {"planner": {"learned": {"decodeMaxRunning": 48.0, "burst": 1.5}}}}
+    memory = asyncio.run(planner._warm_start("ns", "g", config, known))
+    assert memory.rates == (1.0, 2.0, 3.0)
+    assert core.learned(memory)["decodeMaxRunning"] == 48.0 and core.learned(memory)["burst"] == 1.5
 
 
 def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quantile() -> None:
