@@ -108,8 +108,8 @@ def run(series: Series, name: str) -> Coverage:
         fresh = 0
         for index, pending in enumerate(memory.pending):
             age = len(memory.pending) - 1 - index
-            if age >= len(pending.rate_mean):
-                continue
+            if age >= len(pending.rate_mean) or not pending.scored or pending.rate_spread[age] <= 0:
+                continue  # what `core.realise` does not score
             fresh += 1
             for load in series.loads:
                 mean, spread = pending.load(load, age)
@@ -129,7 +129,7 @@ def run(series: Series, name: str) -> Coverage:
         fallbacks += forecast.fallback is not None
         lengths = (max(core.recent_mean(series.isls[:t + 1]), 1.0), max(core.recent_mean(series.osls[:t + 1]), 1.0))
         pending = core.PendingForecast(forecast.mean, tuple(forecast.spread(i) for i in range(len(forecast.mean))),
-                                       *lengths)
+                                       *lengths, scored=len(history) >= core.SCORED_FROM_INTERVALS)
         memory = dataclasses.replace(memory, pending=(*memory.pending, pending)[-series.horizon:])
 
     def shares(table: dict[str, dict[float, list[bool]]]) -> dict[str, dict[float, float]]:

@@ -266,7 +266,7 @@ def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quanti
     config = core.config_from_spec(spec)
     model = capacity.CapacityModel(live.simulator_profile(1))
     memory, current = core.GraphMemory(), {"prefill": 1, "decode": 1}
-    for k, rate in enumerate((4.0, 6.0, 5.0, 9.0, 5.0)):
+    for k, rate in enumerate((4.0, 6.0, 5.0, 9.0, 5.0, 7.0, 6.0, 4.0, 8.0, 5.0, 6.0, 7.0, 5.0, 6.0)):
         observation = core.Observation(time=60.0 * k, rate_rps=rate, isl=1000, osl=100, ttft_s=0.2, itl_s=0.02)
         plan, memory = core.plan_interval(config, observation, memory, current=current, capacity=model, now=60.0 * k)
         current = dict(plan.replicas)
@@ -280,6 +280,7 @@ def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quanti
         for level in ("0.5", "0.9", "0.95", "0.99"):
             share = sample("fleetpilot_planner_forecast_coverage", load=load, quantile=level)
             assert share is not None and 0.0 <= share <= 1.0, (load, level, share)
-    # `constant` has a spread from its third point on: the forecasts made at intervals 2 and 3 are scored,
-    # both steps of the first (at intervals 3 and 4) and the first step of the second (at 4).
-    assert len(memory.forecast_calibration["requests"].hits[0.5]) == 3
+    # Forecasts are scored once made from SCORED_FROM_INTERVALS (10) intervals: those made at intervals
+    # 9 to 12, both steps of the first three and the first step of the last.
+    assert core.SCORED_FROM_INTERVALS == 10
+    assert len(memory.forecast_calibration["requests"].hits[0.5]) == 7

@@ -199,6 +199,35 @@ def test_a_fleet_no_cautious_forecast_needs_goes_down_without_the_hold_once_the_
     assert after == sorted(after, reverse=True) and after[-1] >= 1  # down once, never back up on a flat load
 
 
+def test_a_surprise_in_the_first_intervals_does_not_size_the_fleet_for_many_times_the_peak(
+    model: capacity.CapacityModel, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On/off traffic that starts with two quiet minutes and a burst: the burst is an error of a dozen
+    spreads of a model fitted on three points. Scored, it would sit in the calibration window and, once
+    the spread has grown to what the series does, size for many times the busiest minute; forecasts
+    made from fewer than SCORED_FROM_INTERVALS intervals are not scored, so the planner's 0.9-quantile
+    stays within three times the busiest minute it has seen (2.3 here)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    rates = [4.0, 0.0, 0.0, 36.0, *(float(rng.uniform(20, 40)) if rng.random() < 0.4 else float(rng.uniform(0, 4))
+                                    for _ in range(36))]
+
+    def worst_overshoot() -> float:
+        memory, current, worst = core.GraphMemory(), dict(ONE_EACH), 0.0
+        for k, rate in enumerate(rates):
+            plan, memory = core.plan_interval(config(max_replicas=64), seen(rate), memory, current=current,
+                                              capacity=model, now=60.0 * k)
+            assert plan.predicted is not None
+            worst = max(worst, plan.predicted.rate_rps / max(rates[:k + 1]))
+            current = dict(plan.replicas)
+        return worst
+
+    assert worst_overshoot() < 3.0
+    monkeypatch.setattr(core, "SCORED_FROM_INTERVALS", 0)
+    assert worst_overshoot() > 6.0  # what scoring from the first interval did (13×)
+
+
 def test_what_the_planner_learned_survives_a_restart_through_the_graphs_status(model: capacity.CapacityModel) -> None:
     """A planner that ran twelve intervals on a fleet slower than its profile, whose prompts queue as
     if each replica stood alone, and whose decode engines cap at 40 sequences; a new one starts from
