@@ -382,6 +382,10 @@ class CapacityModel:
             lone_s=np.array([v.value for v in lone]), service_s=service_s, shares=shares, mean_isl=points.mean,
             extrapolated=any(v.extrapolated for v in (*lone, *service)), residual_s=residual)
 
+    def prefill_mean_service_s(self, isl: float, *, mix: lengths.LengthMix | None = None) -> float:
+        """How long a prompt occupies a prefill replica on average: over the `mix`, or at `isl`."""
+        return self._prefill_mix(mix, isl).mean_service_s
+
     def prefill_capacity(
         self, isl: float, ttft_target_s: float, *, percentile: float = DEFAULT_PERCENTILE
     ) -> PrefillCapacity:

@@ -47,8 +47,8 @@ DEFAULT_RISK = 0.9
 # A forecast is scored for calibration only once it was made from this many intervals. Scores are errors
 # in units of the model's spread, and a spread estimated from three points is no unit: a burst after two
 # quiet minutes scores 12 of them, and once the spread has grown to what the series really does, that
-# score, still in the window, sizes for ten times the peak (Azure code ×4: 278 req/s forecast for a
-# trace that never passes 42). Until then the model's own quantile stands (`conformal.quantile`).
+# score, still in the window, sizes for several times the peak (Azure code ×4: ~250 req/s forecast for
+# a trace that never passes 42). Until then the model's own quantile stands (`conformal.quantile`).
 SCORED_FROM_INTERVALS = conformal.MIN_SCORES
 # A pool above what this quantile of the load needs scales down to it at once, without the hold
 # (`sizing.constrain`): the load is exceeded one interval in a hundred.
@@ -296,20 +296,18 @@ def interval_corrections(
     Offset: what the latency at the SLA percentile still exceeds the profile's, once slowed by the
     speed factor. NaN wherever the interval cannot say (no traffic, a saturated pool, a metric missing).
     """
-    unknown = sizing.Corrections(math.nan, math.nan, math.nan, math.nan, prefill_pooling=math.nan)
+    unknown = sizing.Corrections(math.nan, math.nan, math.nan, math.nan)
     if not observation.rate_rps or not observation.isl or not observation.osl:
         return unknown
     isl, osl = observation.isl, observation.osl
     prefill_pool: sizing.Pool = "prefill" if config.disaggregated else "aggregated"
     decode_pool: sizing.Pool = "decode" if config.disaggregated else "aggregated"
-    prefill_rate = observation.rate_rps / max(serving.get(prefill_pool, 1), 1)
+    prefill_replicas = max(serving.get(prefill_pool, 1), 1)
     decode_rate = observation.rate_rps / max(serving.get(decode_pool, 1), 1)
 
     isl_mix = observation.isl_histogram.mix() if config.length_mix and observation.isl_histogram else None
     osl_mix = observation.osl_histogram.mix() if config.length_mix and observation.osl_histogram else None
-    service = (isl_mix.expect(capacity.prefill_service_s(x).value for x in isl_mix.lengths)
-               if isl_mix is not None else capacity.prefill_service_s(isl).value)
-    modelled_busy = prefill_rate * service
+    modelled_busy = observation.rate_rps / prefill_replicas * capacity.prefill_mean_service_s(isl, mix=isl_mix)
     busy = observation.prefill_busy
     measurable = busy is not None and busy < _SATURATED and modelled_busy >= _TOO_IDLE
     prefill_speed = busy / modelled_busy if measurable and busy is not None else math.nan
@@ -319,7 +317,6 @@ def interval_corrections(
     # offered rate × factor), the rate raised by the interval's bursts. Its percentile TTFT first says
     # how far the replicas share one queue; what the queue does not explain is latency the profile
     # does not model (the offset).
-    prefill_replicas = max(serving.get(prefill_pool, 1), 1)
     offered = observation.rate_rps * burst * slowdown
     prefill_part = observation.prefill_s if observation.prefill_s is not None else observation.ttft_s
     pooling = (capacity.pooling_observed(prefill_part / slowdown, offered, prefill_replicas, isl=isl,

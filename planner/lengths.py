@@ -18,6 +18,7 @@ the histogram's. Pure: plain numbers in and out.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -52,10 +53,6 @@ class LengthMix:
     def size_biased_mean(self) -> float:
         """E[X²] / E[X]: the mean length of what is in flight when each item stays in proportion to its length."""
         return self.second_moment / self.mean
-
-    def expect(self, f: Iterable[float]) -> float:
-        """E[f(X)] for `f` given as its values at `lengths`, in order."""
-        return sum(v * w for v, w in zip(f, self.shares, strict=True))
 
 
 def point(length: float) -> LengthMix:
@@ -102,20 +99,8 @@ def histogram(lengths: Iterable[float], upper_bounds: Sequence[float]) -> tuple[
     counts = [0.0] * len(upper_bounds)
     last = len(upper_bounds) - 1
     for x in lengths:
-        i = _bucket(x, upper_bounds)
-        counts[min(i, last)] += 1.0
+        counts[min(bisect.bisect_left(upper_bounds, x), last)] += 1.0
     return tuple(counts)
-
-
-def _bucket(x: float, upper_bounds: Sequence[float]) -> int:
-    low, high = 0, len(upper_bounds)
-    while low < high:
-        mid = (low + high) // 2
-        if x <= upper_bounds[mid]:
-            high = mid
-        else:
-            low = mid + 1
-    return low
 
 
 def scaled_to_mean(mix: LengthMix, mean: float) -> LengthMix:

@@ -358,6 +358,13 @@ def _gpus(replicas: Mapping[Pool, int], gpus_per_replica: Mapping[Pool, int]) ->
     return sum(n * gpus_per_replica[pool] for pool, n in replicas.items())
 
 
+def _hold_so_far(state: ScaleDownState, pool: Pool, target: int, now: float) -> tuple[float, int]:
+    """When `pool` began waiting to scale down (now, if it had not) and the highest target of the wait."""
+    if pool not in state.waiting_since:
+        return now, target
+    return state.waiting_since[pool], max(target, state.waiting_peak.get(pool, target))
+
+
 def constrain(
     desired: Desired,
     *,
@@ -437,12 +444,10 @@ def constrain(
                 new = max(new, now_n - max_step_down)
             reasons.append(f"{pool}: scale down {now_n} → {new} at once: even a cautious forecast needs no more")
             if new > target:  # the rest waits for the hold, as any scale-down does
-                waiting[pool] = state.waiting_since.get(pool, now)
-                peaks[pool] = max(target, state.waiting_peak.get(pool, target)) if pool in state.waiting_since else target
+                waiting[pool], peaks[pool] = _hold_so_far(state, pool, target, now)
                 binding[pool] = "hold"
         elif target < now_n:
-            since = state.waiting_since.get(pool, now)
-            peak = max(target, state.waiting_peak.get(pool, target)) if pool in state.waiting_since else target
+            since, peak = _hold_so_far(state, pool, target, now)
             waited = now - since
             if waited >= hold_seconds:
                 new = peak if max_step_down is None else max(peak, now_n - max_step_down)
