@@ -9,7 +9,7 @@ both use `Harness`). It starts, in order:
    pods are left to the pod runner (`ClusterConfig.external_pod_labels`);
 2. the CRDs from `crds/`, and the operator's and planner's ServiceAccounts and RBAC — the Helm
    chart's own templates rendered by `helm template`, or `e2e/rbac.yaml` when they cannot be;
-3. the pod runner (`e2e/podrunner.py`), which runs those pods as local processes on 127.2.0.0/16;
+3. the pod runner (`e2e/podrunner.py`), which runs those pods as local processes on 127.2.0.0/16 (`$FLEETPILOT_E2E_POD_NETWORK`);
 4. Debian's Prometheus, discovering pods from the apiserver with a ServiceAccount that may only
    list and watch pods, relabelling the pods' fleetpilot labels into `graph`, `component`,
    `namespace` and `pod`. Debian's build has no `kubernetes_sd_configs`, so `e2e/podsd.py` serves

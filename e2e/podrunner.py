@@ -58,7 +58,8 @@ logger = logging.getLogger("podrunner")
 
 FIELD_MANAGER = "e2e-podrunner"
 SIMULATED_NODE_LABELS = {contract.LABEL_SIMULATED_NODE: "true"}
-POD_NETWORK = ipaddress.ip_network("127.2.0.0/16")
+# Pod IPs on loopback; two e2e runs on one machine (different port bases) need different networks.
+POD_NETWORK = ipaddress.ip_network(os.environ.get("FLEETPILOT_E2E_POD_NETWORK", "127.2.0.0/16"))
 FIRST_PROBE_S = 0.5
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 Manifest = dict[str, Any]
