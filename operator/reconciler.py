@@ -12,9 +12,11 @@ sends no request at all, so a thousand Ready graphs cost the API nothing between
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from typing import Any
 
+import httpx
 import pydantic
 
 from fleetpilot import kube as kube_mod
@@ -80,6 +82,8 @@ class GraphReconciler:
         self.queue: workqueue.WorkQueue[Key] = workqueue.WorkQueue(
             max_delay_s=max_backoff_seconds, on_depth=metrics.QUEUE_DEPTH.set)
         self._tasks: list[asyncio.Task[None]] = []
+        # When this process first saw each graph with its planner on (status.planner_watch's clock).
+        self._planner_seen: dict[Key, datetime.datetime] = {}
 
     # -- queue -------------------------------------------------------------------------------------------
 
@@ -114,8 +118,9 @@ class GraphReconciler:
             except Exception as error:  # noqa: BLE001 - a bad graph or a flaky API must never stop the operator
                 metrics.RECONCILES.labels("error").inc()
                 delay = self.queue.retry(key)
-                # The API saying no is routine (a namespace terminating, a webhook down): no traceback.
-                log = logger.warning if isinstance(error, kube_mod.ApiError) else logger.exception
+                # The API saying no is routine (a namespace terminating, a webhook down), and so is not
+                # reaching it (an apiserver restarting, etcd away): no traceback.
+                log = logger.warning if isinstance(error, kube_mod.ApiError | httpx.TransportError) else logger.exception
                 log("reconcile %s/%s failed (attempt %d): %s; retrying in %.1fs", *key, self.queue.failures(key),
                     error, delay)
             finally:
@@ -127,6 +132,7 @@ class GraphReconciler:
         body = self.cache.graph(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             metrics.forget_graph(namespace, name)
+            self._planner_seen.pop((namespace, name), None)
             self.queue.cancel((namespace, name))
             return  # deleted: the garbage collector removes what we owned
         try:
@@ -295,8 +301,10 @@ class GraphReconciler:
             previous = api.DynamoGraphStatus.model_validate(body.get("status") or {})
         except pydantic.ValidationError:
             previous = api.DynamoGraphStatus()
-        new = status.graph_status(observation, previous=previous, endpoint=endpoint, now=contract.now_rfc3339())
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        watch = self._watch_planner(body)
+        new = status.graph_status(observation, previous=previous, endpoint=endpoint, now=contract.now_rfc3339(),
+                                  extra=[watch.condition] if watch.condition is not None else None)
         for condition in new.conditions:
             for value in ("True", "False", "Unknown"):
                 metrics.GRAPH_CONDITION.labels(namespace, name, condition.type, value).set(
@@ -308,7 +316,8 @@ class GraphReconciler:
             new_doc.pop("components", None)
         old_doc = body.get("status") or {}
         ours = {k: old_doc.get(k) for k in new_doc}
-        ours["conditions"] = [c for c in old_doc.get("conditions", []) if c.get("type") in ("Ready", "Progressing", "Degraded")]
+        ours["conditions"] = [c for c in old_doc.get("conditions", []) if c.get("type") in ("Ready", "Progressing", "Degraded")
+                              or c.get("reason") == status.NO_PLANNER]
         if ours != new_doc:
             self.cache.remember(await self.kube.apply({
                 "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
@@ -318,12 +327,26 @@ class GraphReconciler:
         for condition in status.transitions(new.conditions, previous.conditions):
             await self._event_for(body, condition)
 
+    def _watch_planner(self, body: Manifest) -> status.PlannerWatch:
+        """PlannerActive=Unknown NoPlanner when no planner acts on a graph that wants one; a wake-up for when it would."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        now = datetime.datetime.now(datetime.UTC)
+        if ((body.get("spec") or {}).get("planner") or {}).get("mode", "off") == "off":
+            self._planner_seen.pop(key, None)
+        else:
+            self._planner_seen.setdefault(key, now)
+        watch = status.planner_watch(body, first_seen=self._planner_seen.get(key), now=now)
+        if watch.recheck_after_s is not None:
+            self.queue.add_after(key, watch.recheck_after_s + 1.0)
+        return watch
+
     async def _event_for(self, body: Manifest, condition: api.Condition) -> None:
+        no_planner = condition.type == "PlannerActive" and condition.reason == status.NO_PLANNER
         interesting = (condition.type == "Degraded" and condition.status == "True") or (
-            condition.type == "Ready" and condition.status == "True")
+            condition.type == "Ready" and condition.status == "True") or no_planner
         if not interesting:
             return
-        warning = condition.type == "Degraded"
+        warning = condition.type == "Degraded" or no_planner
         try:
             await self.kube.event(body, type_="Warning" if warning else "Normal", reason=condition.reason,
                                   message=condition.message or condition.reason)

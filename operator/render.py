@@ -86,9 +86,14 @@ def initial_replicas(graph: api.DynamoGraph, component: api.ComponentName) -> in
     return graph.spec.components.workers()[component].replicas
 
 
+# The frontend is what clients reach: a graph whose frontend is scaled to zero serves nothing while its
+# workers hold GPUs, so its DynamoGraphComponent refuses fewer than one replica (and the operator runs one).
+FRONTEND_MIN_REPLICAS = 1
+
+
 def scaling_bounds(graph: api.DynamoGraph, component: api.ComponentName) -> tuple[int | None, int | None]:
     if component == "frontend":
-        return None, None
+        return FRONTEND_MIN_REPLICAS, None
     scaling = graph.spec.components.workers()[component].scaling
     return scaling.min_replicas, scaling.max_replicas
 

@@ -8,6 +8,8 @@ match and a message a person can act on.
 
 from __future__ import annotations
 
+import datetime
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +91,52 @@ def unschedulable(pods: list[Manifest]) -> list[Manifest]:
     return out
 
 
+def scheduler_message(pod: Manifest) -> str:
+    """What the scheduler said about a pod it could not place, without its preemption postscript."""
+    for condition in pod.get("status", {}).get("conditions", []):
+        if condition.get("type") == "PodScheduled":
+            said = str(condition.get("message") or "no node fits")
+            return said.split(" preemption:", 1)[0].strip()
+    return "no node fits"
+
+
+def short_of_gpus(pod: Manifest) -> bool:
+    """Whether the scheduler turned the pod away (also) for want of GPUs, rather than only for other reasons."""
+    return gpu_request(pod) > 0 and f"Insufficient {GPU}" in scheduler_message(pod)
+
+
+# A Deployment's ReplicaFailure when a ResourceQuota refused a pod (the apiserver's own words):
+# 'pods "x" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1, used: ..., limited: ...'
+_QUOTA = re.compile(r"exceeded quota: (?P<quota>[^,]+), requested: (?P<requested>\S+), used: (?P<used>\S+),"
+                    r" limited: (?P<limited>\S+)")
+
+
+def _quantities(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
+def replica_failure(observed: ComponentObservation) -> tuple[str, str] | None:
+    """(reason, message) when the component's Deployment cannot create its pods (ReplicaFailure=True).
+
+    A ResourceQuota that refuses them is named with what the pod asks for and what the quota has
+    left (`QuotaExceeded`); anything else (an admission webhook, a LimitRange, Pod Security) is
+    reported in the controller's words (`FailedCreate`).
+    """
+    for condition in (observed.deployment or {}).get("status", {}).get("conditions", []):
+        if condition.get("type") != "ReplicaFailure" or condition.get("status") != "True":
+            continue
+        said = str(condition.get("message") or condition.get("reason") or "ReplicaFailure")
+        quota = _QUOTA.search(said)
+        if quota is None:
+            return "FailedCreate", f"{observed.name} cannot create pods: {said}"
+        requested, used, limited = (_quantities(quota[k]) for k in ("requested", "used", "limited"))
+        short = ", ".join(f"{resource} {amount} more (quota {limited.get(resource, '?')}, {used.get(resource, '?')} used)"
+                          for resource, amount in requested.items())
+        return "QuotaExceeded", (f"{observed.name} cannot create pods: ResourceQuota {quota['quota']} is exhausted;"
+                                 f" a pod needs {short}: raise the quota or lower the replicas")
+    return None
+
+
 def component_status(observed: ComponentObservation) -> api.ComponentStatus:
     status = (observed.deployment or {}).get("status", {})
     ready = int(status.get("readyReplicas", 0))
@@ -137,38 +185,107 @@ def conditions(observation: Observation) -> list[api.Condition]:
     rolling = [c.name for c in observation.components if not _rollout_complete(c)]
     stuck = unschedulable(observation.pods)
 
+    # What keeps replicas from running, most specific first: each (reason, message).
+    problems: list[tuple[str, str]] = []
     if stuck:
-        needed = sum(gpu_request(p) for p in stuck)
-        capacity = observation.capacity or GpuCapacity(free=0, total=0, largest_node=0)
-        message = f"Unschedulable: needs {needed} {GPU}, {capacity.free} free"
-        biggest_pod = max(gpu_request(p) for p in stuck)
-        if biggest_pod > capacity.largest_node:
-            message += (f"; one pod needs {biggest_pod} but the largest node has {capacity.largest_node}:"
-                        " use more replicas with fewer GPUs each")
-        if needed == 0:  # not GPUs: repeat what the scheduler said
-            scheduled = [c for c in stuck[0]["status"]["conditions"] if c.get("type") == "PodScheduled"]
-            message = "Unschedulable: " + scheduled[0].get("message", "no node fits")
-        degraded = _condition("Degraded", True, "Unschedulable", message, generation)
+        problems.append(("Unschedulable", _unschedulable_message(stuck, observation.capacity)))
+    problems += [failure for c in observation.components if (failure := replica_failure(c)) is not None]
+    clamped = [c.name for c in observation.components if c.clamped_from is not None]
+    if clamped:
+        problems.append(("ReplicasOutOfBounds", "; ".join(statuses[n].message or "" for n in clamped)))
+    if problems:
+        degraded = _condition("Degraded", True, problems[0][0], "; ".join(m for _, m in problems), generation)
     else:
-        clamped = [c.name for c in observation.components if c.clamped_from is not None]
-        if clamped:
-            degraded = _condition("Degraded", True, "ReplicasOutOfBounds",
-                                  "; ".join(statuses[n].message or "" for n in clamped), generation)
-        else:
-            degraded = _condition("Degraded", False, "AsExpected", "", generation)
+        degraded = _condition("Degraded", False, "AsExpected", "", generation)
+    # Problems that explain why replicas are missing (not a clamp, which runs what it can).
+    blocking = [p for p in problems if p[0] != "ReplicasOutOfBounds"]
 
     if not not_ready and not rolling:
         ready = _condition("Ready", True, "AllComponentsReady", "every component has all replicas ready", generation)
         progressing = _condition("Progressing", False, "RolloutComplete", "", generation)
     else:
-        reason = "Unschedulable" if stuck else "ComponentsNotReady"
+        reason = blocking[0][0] if blocking else "ComponentsNotReady"
         message = ", ".join(not_ready) or "rolling out " + ", ".join(rolling)
-        if stuck:
-            message = f"{degraded.message}; {message}"
+        if blocking:
+            message = "; ".join([*(m for _, m in blocking), message])
         ready = _condition("Ready", False, reason, message, generation)
         progressing = _condition("Progressing", True, "RollingOut", "rolling out " + ", ".join(rolling)
                                  if rolling else message, generation)
     return [ready, progressing, degraded]
+
+
+def _unschedulable_message(stuck: list[Manifest], capacity: GpuCapacity | None) -> str:
+    """GPU numbers when the scheduler lacked GPUs for a pod; otherwise, and for the other pods, its own words."""
+    short = [p for p in stuck if short_of_gpus(p)]
+    other = [scheduler_message(p) for p in stuck if not short_of_gpus(p)]
+    parts = []
+    if short:
+        needed = sum(gpu_request(p) for p in short)
+        capacity = capacity or GpuCapacity(free=0, total=0, largest_node=0)
+        parts.append(f"needs {needed} {GPU}, {capacity.free} free")
+        biggest_pod = max(gpu_request(p) for p in short)
+        if biggest_pod > capacity.largest_node:
+            parts.append(f"one pod needs {biggest_pod} but the largest node has {capacity.largest_node}:"
+                         " use more replicas with fewer GPUs each")
+    if other:
+        parts.append(other[0] if not short else f"and {len(other)} pod(s): {other[0]}")
+    return "Unschedulable: " + "; ".join(parts)
+
+
+# -- is a planner acting on the graph? -----------------------------------------------------------------
+
+#: A graph whose planner is on and that no planner has decided for in this many of its intervals is
+#: reported as `PlannerActive=Unknown NoPlanner` (by the operator: without a planner nobody else can).
+NO_PLANNER_INTERVALS = 2
+NO_PLANNER = "NoPlanner"
+
+
+@dataclass(frozen=True)
+class PlannerWatch:
+    """The operator's word on the planner: the condition to apply (None: leave PlannerActive to the
+    planner) and, while a planner is expected, how long until it would be overdue."""
+
+    condition: api.Condition | None = None
+    recheck_after_s: float | None = None
+
+
+def _time(value: Any) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def planner_watch(body: Manifest, *, first_seen: datetime.datetime | None, now: datetime.datetime) -> PlannerWatch:
+    """Whether a planner has acted on a graph whose `spec.planner.mode` is advisory or sla (pure).
+
+    The planner stamps `status.planner.lastDecisionTime` every interval it plans the graph, holding or
+    not. When none did for NO_PLANNER_INTERVALS intervals since the later of that stamp, the graph's
+    creation and `first_seen` (when this operator first saw the planner on), the graph says so. Once
+    said, it stays until a planner writes its own PlannerActive (which replaces this one).
+    """
+    planner = (body.get("spec") or {}).get("planner") or {}
+    if planner.get("mode", "off") == "off":
+        return PlannerWatch()
+    interval = float(planner.get("intervalSeconds") or 60)
+    patience = NO_PLANNER_INTERVALS * interval
+    stat = body.get("status") or {}
+    generation = int(body.get("metadata", {}).get("generation", 0))
+    current = contract.find_condition(stat.get("conditions", []), "PlannerActive") or {}
+    last = _time((stat.get("planner") or {}).get("lastDecisionTime"))
+    since = max((t for t in (last, _time(body.get("metadata", {}).get("creationTimestamp")), first_seen)
+                 if t is not None), default=now)
+    overdue = (now - since).total_seconds() - patience
+    if current.get("reason") != NO_PLANNER and overdue < 0:
+        return PlannerWatch(recheck_after_s=-overdue)
+    what = f"the last decision was at {contract.rfc3339(last)}" if last else "none has decided for it yet"
+    message = (f"no planner has acted on this graph for {NO_PLANNER_INTERVALS} planning intervals"
+               f" ({patience:.0f} s; {what}): is `fleetpilot planner run` running, leading, and watching"
+               f" namespace {body.get('metadata', {}).get('namespace', '')}?")
+    if current.get("reason") == NO_PLANNER and current.get("message"):
+        message = str(current["message"])  # as first said: the time it names does not move
+    return PlannerWatch(condition=api.Condition(type="PlannerActive", status="Unknown", reason=NO_PLANNER,
+                                                message=message, observed_generation=generation))
 
 
 def merge_transition_times(
@@ -182,11 +299,13 @@ def merge_transition_times(
 
 
 def graph_status(
-    observation: Observation, *, previous: api.DynamoGraphStatus, endpoint: str | None, now: str
+    observation: Observation, *, previous: api.DynamoGraphStatus, endpoint: str | None, now: str,
+    extra: list[api.Condition] | None = None,
 ) -> api.DynamoGraphStatus:
+    """The operator's part of the status; `extra`: conditions of other types it also states (PlannerActive)."""
     return api.DynamoGraphStatus(
         observed_generation=observation.generation,
-        conditions=merge_transition_times(conditions(observation), previous.conditions, now),
+        conditions=merge_transition_times([*conditions(observation), *(extra or [])], previous.conditions, now),
         components={c.name: component_status(c) for c in observation.components},
         endpoint=endpoint,
         # No planner block: status is applied server-side per field manager, so the planner's own

@@ -144,6 +144,10 @@ class BudgetLedger:
         claims = [claim for name, claim in self._claims.values() if name == budget]
         return sorted(claims, key=lambda claim: claim.graph)
 
+    def minimums(self, budget: str) -> int:
+        """The GPUs the claimants' minimums need together: above the budget, it is overrun by the difference."""
+        return sum(claim.min_gpus for claim in self.claims(budget))
+
     def split(self, budget: str) -> BudgetSplit:
         """Every claimant's share of `budget` now."""
         return split_budget(self.claims(budget), self.budgets[budget])

@@ -466,10 +466,12 @@ class CapacityModel:
 
     def prefill_pool(self, rate_rps: float, ttft_target_s: float, *, isl: float,
                      percentile: float = DEFAULT_PERCENTILE, mix: lengths.LengthMix | None = None,
-                     pooling: float = 1.0) -> PrefillPool:
+                     pooling: float = 1.0, most: int | None = None) -> PrefillPool:
         """The fewest prefill replicas that serve `rate_rps` with TTFT at `percentile` under the target
         (over the prompt-length `mix`, or exponential service at `isl`; `pooling` as in
-        `late_share_pooled`), never above `max_utilization`."""
+        `late_share_pooled`), never above `max_utilization`. `most`: no answer above it is any use (the
+        pool's scaling.max); a load that needs more gets `most` without the search, whose cost grows
+        with the replica count (a garbage rate of 10⁹ requests/s must not stall the planner)."""
         _check_positive(isl=isl, ttft_target_s=ttft_target_s)
         _check_percentile(percentile)
         work = self._prefill_mix(mix, isl)
@@ -488,12 +490,18 @@ class CapacityModel:
             # Out of reach for more than 1 − p of the prompts: a pool in which the percentile never waits.
             return pooling * float(erlang_c(servers, offered)) + (1.0 - pooling) * offered / servers <= tail + 1e-9
 
-        servers = _fewest_from(max(1, math.ceil(offered / self.max_utilization - 1e-9)), enough)
-        rho = offered / servers
         mix_words = (f"over the prompt-length mix (mean {work.mean_isl:.0f} tokens, p{percentile:g} alone "
                      f"{lone_p * 1e3:.0f} ms)" if mix is not None else f"at ISL {isl:.0f}")
         shared = f", queue sharing {pooling:.2f}" if pooling < 1.0 else ""
         note = " (extrapolated beyond the profile)" if work.extrapolated else ""
+        start = max(1, math.ceil(offered / self.max_utilization - 1e-9))
+        if most is not None and most >= 1 and (start >= most or not enough(most)):
+            rho = offered / most
+            return PrefillPool(most, rho, service, lone_p, reachable, work.extrapolated,
+                               f"{rate_rps:.3g} req/s {mix_words}: {service * 1e3:.1f} ms per prompt, more than"
+                               f" {most} replicas needed (utilisation {rho:.0%} at {most}){shared}{note}")
+        servers = _fewest_from(start, enough)
+        rho = offered / servers
         if not reachable:
             reason = (f"TTFT target {ttft_target_s * 1e3:.0f} ms is out of reach for {late_alone:.0%} of the prompts "
                       f"{mix_words} even alone (p{percentile:g} allows {tail:.0%}): {servers} replicas so that "

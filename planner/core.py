@@ -95,6 +95,34 @@ class Observation:
         return self.rate_rps == 0 or (self.isl is not None and self.osl is not None)
 
 
+# Values no fleet produces. A metric beyond them (or negative, or not a number) is a broken exporter or
+# query, not load: the planner holds rather than size for it (a rate of 10³⁰⁰ would ask every pool for
+# its maximum, or overflow the forecast).
+MAX_RATE_RPS = 1e6
+MAX_TOKENS = 1e7
+MAX_SECONDS = 1e5
+_REQUIRED = {"rate_rps": MAX_RATE_RPS, "isl": MAX_TOKENS, "osl": MAX_TOKENS}
+_OPTIONAL = {"ttft_s": MAX_SECONDS, "itl_s": MAX_SECONDS, "prefill_s": MAX_SECONDS, "itl_mean_s": MAX_SECONDS,
+             "prefill_busy": 1.0, "burst_rate_rps": MAX_RATE_RPS, "decode_running": MAX_RATE_RPS,
+             "decode_waiting": MAX_RATE_RPS}
+
+
+def _sane(value: float | None, most: float) -> bool:
+    return value is None or (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= most)
+
+
+def plausible(observation: Observation) -> Observation:
+    """`observation` with what no fleet produces dropped (pure): an implausible rate or mean length makes it
+    an error (the planner holds and says which); an implausible optional reading becomes unknown."""
+    wrong = [f"{name}={getattr(observation, name)!r}" for name, most in _REQUIRED.items()
+             if not _sane(getattr(observation, name), most)]
+    cleared: dict[str, Any] = {name: None for name, most in _OPTIONAL.items()
+                               if not _sane(getattr(observation, name), most)}
+    if wrong and observation.error is None:
+        cleared["error"] = f"implausible metrics ({', '.join(wrong)}): holding"
+    return dataclasses.replace(observation, **cleared) if cleared else observation
+
+
 @dataclasses.dataclass(frozen=True)
 class GraphPlanConfig:
     """What the planner needs to know about a graph, read from its spec."""
@@ -213,10 +241,35 @@ class Plan:
     predictor: str = ""
     wanted_gpus: int | None = None  # what the decision would use with no budget: its claim on a shared one
     binding: Mapping[sizing.Pool, sizing.Binding] = dataclasses.field(default_factory=dict)  # what set each pool
+    # What the graph asks that the planner cannot give, as (reason, message): `SLAInfeasible` (a target
+    # below the profile's floor), `BudgetBelowMinimum` (a GPU budget under the pools' minimums). None:
+    # not known this interval (holding without data: the SLA was not sized).
+    warnings: tuple[tuple[str, str], ...] | None = None
 
     @property
     def reason(self) -> str:
         return "; ".join(self.reasons)
+
+
+def budget_warning(config: GraphPlanConfig) -> tuple[str, str] | None:
+    """`BudgetBelowMinimum` when the graph's GPU budget is less than its pools' minimums need (pure)."""
+    need = min_gpus(config)
+    if config.gpu_budget is None or need <= config.gpu_budget:
+        return None
+    return ("BudgetBelowMinimum", (f"GPU budget {config.gpu_budget} is below the {need} GPUs the pools'"
+                                   " scaling.min need: the planner keeps the minimums, over budget; raise the budget"
+                                   " or lower scaling.min"))
+
+
+def warnings_of(config: GraphPlanConfig, desired: sizing.Desired | None) -> tuple[tuple[str, str], ...]:
+    """What the plan cannot give the graph: an infeasible SLA (from sizing), a budget below the minimums."""
+    found = []
+    if desired is not None and desired.infeasible:
+        found.append(("SLAInfeasible", "; ".join(desired.infeasible.values())))
+    budget = budget_warning(config)
+    if budget is not None:
+        found.append(budget)
+    return tuple(found)
 
 
 def warm_memory(rates: tuple[float, ...], isls: tuple[float, ...], osls: tuple[float, ...]) -> GraphMemory:
@@ -224,6 +277,9 @@ def warm_memory(rates: tuple[float, ...], isls: tuple[float, ...], osls: tuple[f
     that just became leader, forecasts from the load it would have seen had it been running."""
     if not len(rates) == len(isls) == len(osls):
         raise ValueError("rates, isls and osls must be as long as each other")
+    kept = [k for k in range(len(rates))
+            if _sane(rates[k], MAX_RATE_RPS) and _sane(isls[k], MAX_TOKENS) and _sane(osls[k], MAX_TOKENS)]
+    rates, isls, osls = (tuple(series[k] for k in kept) for series in (rates, isls, osls))
     return GraphMemory(rates=rates[-HISTORY_LIMIT:], isls=isls[-HISTORY_LIMIT:], osls=osls[-HISTORY_LIMIT:])
 
 
@@ -443,6 +499,7 @@ def plan_interval(
     `predictor` replaces the one the config names (the backtest passes one that remembers forecasts
     it has already made for the same history, so a sweep fits each model once).
     """
+    observation = plausible(observation)
     if not observation.complete:
         why = observation.error or "incomplete metrics"
         decision = sizing.constrain(
@@ -496,12 +553,14 @@ def plan_interval(
     corrections = dataclasses.replace(calibrated(memory.calibration),
                                       decode_max_running=max_running if max_running is not None else math.nan)
     size = sizing.size if config.disaggregated else sizing.size_aggregated
-    desired = size(load, capacity, config.sla, corrections)
+    most = {pool: bound.max_replicas for pool, bound in config.bounds.items()}
+    desired = size(load, capacity, config.sla, corrections, most=most)
     # Until the forecast's errors have been scored a few times, its "cautious" quantile is the model's
     # own word (nothing at all on a flat start): no scale-down skips the hold before that.
     scored = min((len(memory.forecast_calibration[name].scores) if name in memory.forecast_calibration else 0)
                  for name in LOADS)
-    safe = size(cautious, capacity, config.sla, corrections).replicas if scored >= conformal.MIN_SCORES else None
+    safe = (size(cautious, capacity, config.sla, corrections, most=most).replicas
+            if scored >= conformal.MIN_SCORES else None)
 
     def constrained(budget: int | None) -> sizing.Decision:
         return sizing.constrain(
@@ -518,7 +577,7 @@ def plan_interval(
         replicas=decision.replicas, reasons=[f"at risk {config.risk:g}, {desired.reason}", *decision.reasons],
         data_ok=True, observed=observation,
         predicted=load, corrections=corrections, forecast_error=forecast_error, predictor=used, wanted_gpus=wanted,
-        binding=decision.binding, coverage=memory.coverage(),
+        binding=decision.binding, coverage=memory.coverage(), warnings=warnings_of(config, desired),
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast)

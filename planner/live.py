@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import time
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -126,6 +126,45 @@ def _graph_of(pod: dict[str, Any]) -> list[tuple[str, str]]:
     return [(meta.get("namespace", ""), graph)] if graph else []
 
 
+PLANNER_DEGRADED = "PlannerDegraded"
+
+
+def degraded_condition(warnings: tuple[tuple[str, str], ...] | None, *, previous: list[dict[str, Any]],
+                       generation: int) -> dict[str, Any] | None:
+    """`PlannerDegraded`: True with the first warning's reason (SLAInfeasible, BudgetBelowMinimum) and every
+    warning's words, False `AsExpected` without any; with `warnings` None, the previous one unchanged (None
+    if there was none)."""
+    if warnings is None:
+        before = contract.find_condition(previous, PLANNER_DEGRADED)
+        return dict(before) if before is not None else None
+    if not warnings:
+        return contract.condition(PLANNER_DEGRADED, False, "AsExpected", "", previous=previous, generation=generation)
+    return contract.condition(PLANNER_DEGRADED, True, warnings[0][0], "; ".join(m for _, m in warnings),
+                              previous=previous, generation=generation)
+
+
+def _budget_of(graph: dict[str, Any]) -> list[str]:
+    """The shared GPU budget a graph with its planner on names (the index `gpus_in_use` looks graphs up by)."""
+    planner = (graph.get("spec") or {}).get("planner") or {}
+    return [planner["budget"]] if planner.get("budget") and planner.get("mode", "off") != "off" else []
+
+
+def _caught_up(seen: dict[str, Any], version: str) -> bool:
+    """Whether an object the watch delivered is at least as new as resourceVersion `version` (etcd
+    revisions compare as integers; an unknown version counts as caught up once anything newer is seen)."""
+    try:
+        return int(seen["metadata"].get("resourceVersion", "0")) >= int(version)
+    except ValueError:
+        return True
+
+
+def write_order(current: Mapping[sizing.Pool, int], decided: Mapping[sizing.Pool, int]) -> list[tuple[sizing.Pool, int]]:
+    """The /scale writes that take pools from `current` to `decided`: every shrink before any grow, so no
+    moment between two writes uses more GPUs than both ends (pure)."""
+    changed = [(pool, n) for pool, n in decided.items() if n != current.get(pool)]
+    return sorted(changed, key=lambda change: change[1] > current.get(change[0], 0))
+
+
 class ProfileError(Exception):
     """No usable capacity profile: the planner cannot size this graph."""
 
@@ -133,7 +172,8 @@ class ProfileError(Exception):
 class LivePlanner:
     def __init__(self, kube: kube_mod.KubeApi, observer: PrometheusObserver, *, namespaces: list[str] | None = None,
                  startup_s: float = 120.0, hold_s: float | None = None, budgets: dict[str, int] | None = None,
-                 may_act: Callable[[], bool] = lambda: True) -> None:
+                 may_act: Callable[[], bool] = lambda: True, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # when intervals fall due and holds end (monotonic seconds)
         # With leader election, whether this replica still holds the Lease: checked before planning a
         # graph and again before writing, since observing Prometheus can take a while.
         self.may_act = may_act
@@ -152,7 +192,7 @@ class LivePlanner:
         self.next_react: dict[tuple[str, str], float] = {}
         self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
         # Graphs and their components, each kept by one watch per namespace instead of a LIST per tick.
-        self.graphs = informer.Store()
+        self.graphs = informer.Store(indexers={"budget": _budget_of})
         self.components = informer.Store()
         self._informers = [
             informer.Informer(kube, kind, namespace=namespace, store=store)
@@ -168,6 +208,10 @@ class LivePlanner:
         ]
         self._http: httpx.AsyncClient | None = None
         self._started = False
+        # This tick's observations of the graphs due, from batched queries (`_observe_all`).
+        self._observed: dict[tuple[str, str], core.Observation] = {}
+        # This planner's /scale writes not yet seen by the components' watch: (resourceVersion, replicas).
+        self._written: dict[tuple[str, str], tuple[str, int]] = {}
 
     async def run(self, stop: asyncio.Event, *, tick_s: float = 1.0) -> None:
         logger.info("planning graphs in %s with metrics from %s",
@@ -200,14 +244,15 @@ class LivePlanner:
     async def tick(self) -> None:
         """Plan every graph whose interval is due."""
         await self.sync()
-        now = time.monotonic()
+        now = self.clock()
         planned = {informer.object_key(body): body for body in self.graphs.objects()
                    if body.get("spec", {}).get("planner", {}).get("mode", "off") != "off"
                    and not body["metadata"].get("deletionTimestamp")}
         self._forget_all_but(planned.keys())
-        for key, body in sorted(planned.items()):
-            if self.next_due.get(key, 0) > now:
-                continue
+        due = [(key, body) for key, body in sorted(planned.items()) if self.next_due.get(key, 0) <= now]
+        if due and self.may_act():
+            await self._observe_all(due)
+        for key, body in due:
             if not self.may_act():
                 return
             interval = float(body["spec"]["planner"].get("intervalSeconds", 60))
@@ -215,9 +260,17 @@ class LivePlanner:
             with PLANNING_SECONDS.time():
                 try:
                     await self.plan_graph(body)
-                except kube_mod.ApiError as error:
+                except (kube_mod.ApiError, httpx.HTTPError) as error:
+                    # The API said no, or could not be reached (restarting, etcd away): the next interval
+                    # tries again; the planner itself goes on.
                     ERRORS.labels("kubernetes").inc()
-                    logger.warning("planning %s/%s failed: %s", *key, error)
+                    logger.warning("planning %s/%s failed: %s", *key, error or type(error).__name__)
+                except (pydantic.ValidationError, ValueError) as error:
+                    # A graph the API stored before a rule that would refuse it now: said in the log, the
+                    # others planned.
+                    ERRORS.labels("invalid").inc()
+                    logger.warning("cannot plan %s/%s: %s", *key, error)
+        self._observed.clear()
         for key, body in sorted(planned.items()):
             state = self.fast.get(key)
             if state is None or state.config.reactive_period_s is None or self.next_react.get(key, 0) > now:
@@ -227,9 +280,27 @@ class LivePlanner:
             self.next_react[key] = now + state.config.reactive_period_s
             try:
                 await self.react_graph(body, state)
-            except kube_mod.ApiError as error:
+            except (kube_mod.ApiError, httpx.HTTPError) as error:
                 ERRORS.labels("kubernetes").inc()
                 logger.warning("fast path for %s/%s failed: %s", *key, error)
+
+    async def _observe_all(self, due: list[tuple[tuple[str, str], dict[str, Any]]]) -> None:
+        """The due graphs' last intervals, one batch of queries per (interval, percentile) they are planned at
+        (`PrometheusObserver.observe_many`), kept for `plan_graph`: a dozen queries per batch instead of a
+        dozen per graph. A lone graph, or an observer without batches, is asked graph by graph."""
+        observe_many = getattr(self.observer, "observe_many", None)
+        if observe_many is None:
+            return
+        batches: dict[tuple[int, float], list[tuple[str, str]]] = {}
+        for key, body in due:
+            spec = body["spec"]["planner"]
+            window = int(spec.get("intervalSeconds", 60))
+            percentile = float((spec.get("sla") or {}).get("percentile", 90))
+            batches.setdefault((window, percentile), []).append(key)
+        for (window, percentile), keys in batches.items():
+            if len(keys) > 1:
+                self._observed.update(await asyncio.to_thread(observe_many, keys, window_s=window,
+                                                              percentile=percentile))
 
     def _forget_all_but(self, planned: Iterable[tuple[str, str]]) -> None:
         """Graphs deleted or with the planner turned off: their history goes, their budget share goes back."""
@@ -273,16 +344,58 @@ class LivePlanner:
                 raise ProfileError(f"profile in ConfigMap {ref.config_map}/{ref.key} is invalid: {error}") from error
         return self._profiles[cache_key]
 
+    def gpus_in_use(self, budget: str, *, besides: tuple[str, str]) -> int:
+        """GPUs the graphs naming `budget`, other than `besides`, run now (their DynamoGraphComponents'
+        replicas): the most a graph may grow into is the budget less these, whatever its share, so a
+        graph grows only once the others' shrinks are written and no moment of a rebalance passes the
+        budget (the split alone let a higher-priority graph grow before a lower one had shrunk)."""
+        used = 0
+        for body in self.graphs.by_index("budget", budget):
+            if informer.object_key(body) == besides or body["metadata"].get("deletionTimestamp"):
+                continue
+            namespace, name = informer.object_key(body)
+            components = (body.get("spec") or {}).get("components") or {}
+            for pool in api.WORKER_COMPONENTS:
+                worker = components.get(pool)
+                if not isinstance(worker, dict):
+                    continue
+                replicas = self._asked(namespace, contract.child_name(name, pool))
+                used += (replicas if replicas is not None else int(worker.get("replicas", 1))) * int(worker.get("gpus", 1))
+        return used
+
+    def _asked(self, namespace: str, component: str) -> int | None:
+        """A DynamoGraphComponent's spec.replicas: this planner's own last /scale write until the watch has
+        shown it (a watch event comes a moment after the write; meanwhile the store says the old count, and
+        a budget split on it could let another graph grow into GPUs this one just took). None: no such
+        component yet."""
+        dgc = self.components.get(namespace, component)
+        written = self._written.get((namespace, component))
+        if written is not None:
+            version, replicas = written
+            if dgc is None or not _caught_up(dgc, version):
+                return replicas
+            del self._written[(namespace, component)]
+        return int(dgc["spec"]["replicas"]) if dgc is not None else None
+
+    async def _scale(self, namespace: str, component: str, replicas: int) -> None:
+        """Write a DynamoGraphComponent's /scale, and remember it until the watch shows it."""
+        answer = await self.kube.patch("DynamoGraphComponent", namespace, component, {"spec": {"replicas": replicas}},
+                                       subresource="scale")
+        version = str(((answer or {}).get("metadata") or {}).get("resourceVersion", ""))
+        self._written[(namespace, component)] = (version, replicas)
+
     async def _replicas(self, graph: api.DynamoGraph) -> tuple[dict[sizing.Pool, int], dict[sizing.Pool, int]]:
         """(asked for, ready) per pool, from the DynamoGraphComponents the operator keeps current."""
         current: dict[sizing.Pool, int] = {}
         ready: dict[sizing.Pool, int] = {}
         for pool, worker in graph.spec.components.workers().items():
-            dgc = self.components.get(graph.metadata.namespace, contract.child_name(graph.metadata.name, pool))
-            if dgc is None:
-                current[pool] = ready[pool] = worker.replicas  # the operator has not made it yet
+            component = contract.child_name(graph.metadata.name, pool)
+            dgc = self.components.get(graph.metadata.namespace, component)
+            asked = self._asked(graph.metadata.namespace, component)
+            if dgc is None or asked is None:
+                current[pool] = ready[pool] = asked if asked is not None else worker.replicas  # not made yet
                 continue
-            current[pool] = int(dgc["spec"]["replicas"])
+            current[pool] = asked
             ready[pool] = int(dgc.get("status", {}).get("readyReplicas", current[pool]))
         return current, ready
 
@@ -292,7 +405,9 @@ class LivePlanner:
         key = (namespace, name)
         config = core.config_from_spec(graph.spec, startup_s=self.startup_s, hold_s=self.hold_s)
         budget_note = ""
+        shared_warning: tuple[str, str] | None = None
         budget = graph.spec.planner.budget
+        current, ready = await self._replicas(graph)
         if budget is None:
             self.ledger.release(f"{namespace}/{name}")  # it named one before: its share goes back
         else:
@@ -305,28 +420,37 @@ class LivePlanner:
             grant = self.ledger.grant(budget, graph=f"{namespace}/{name}", priority=graph.spec.planner.priority,
                                       min_gpus=core.min_gpus(config), own_cap=config.gpu_budget)
             budget_note = grant.reason
-            config = dataclasses.replace(config, gpu_budget=grant.gpus)
+            gpus = grant.gpus
+            free = self.ledger.budgets[budget] - self.gpus_in_use(budget, besides=key)
+            running = sum(n * config.gpus_per_replica[pool] for pool, n in current.items())
+            if gpus > max(free, running):
+                gpus = max(free, running)
+                budget_note += f"; {free} GPUs free until the others' shrinks are written: growing to {gpus} for now"
+            config = dataclasses.replace(config, gpu_budget=gpus)
+            shared_short = self.ledger.minimums(budget) - self.ledger.budgets[budget]
+            if shared_short > 0:
+                shared_warning = ("BudgetBelowMinimum", (
+                    f"shared GPU budget {budget} ({self.ledger.budgets[budget]} GPUs) is {shared_short} short of"
+                    " the minimums of the graphs naming it: each keeps its scaling.min, over budget; raise"
+                    f" --gpu-budget {budget} or lower scaling.min"))
         try:
             capacity = await self._capacity(graph)
         except ProfileError as error:
             ERRORS.labels("profile").inc()
             await self._report(body, plan=None, active=False, reason="NoProfile", message=str(error))
             return None
-        current, ready = await self._replicas(graph)
-        observation = await asyncio.to_thread(
+        observation = self._observed.pop(key, None) or await asyncio.to_thread(
             self.observer.observe, namespace=namespace, graph=name, window_s=int(config.interval_s),
             percentile=config.sla.percentile)
         memory = self.memory.get(key)
         if memory is None:
             memory = await self._warm_start(namespace, name, config, body)
         plan, self.memory[key] = core.plan_interval(
-            config, observation, memory, current=current, capacity=capacity, now=time.monotonic(), ready=ready)
-        if budget is not None and plan.wanted_gpus is not None:
-            self.ledger.claim(budget, budget_mod.BudgetClaim(
-                graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
-                wanted_gpus=plan.wanted_gpus))
+            config, observation, memory, current=current, capacity=capacity, now=self.clock(), ready=ready)
         if budget_note:
             plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
+        if shared_warning is not None and plan.warnings is not None:
+            plan = dataclasses.replace(plan, warnings=(*plan.warnings, shared_warning))
         if not self.may_act():
             return None
         if config.mode == "sla" and config.disaggregated and plan.data_ok:
@@ -336,14 +460,21 @@ class LivePlanner:
         self._export(namespace, name, plan, config)
         logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
 
-        changed = {pool: n for pool, n in plan.replicas.items() if n != current.get(pool)}
+        changed = dict(write_order(current, plan.replicas))
         if config.mode == "sla":
             for pool, replicas in changed.items():
-                await self.kube.patch("DynamoGraphComponent", namespace, contract.child_name(name, pool),
-                                      {"spec": {"replicas": replicas}}, subresource="scale")
-            if changed:
-                await self._event(body, "Scaled", ", ".join(f"{p} {current[p]}→{n}" for p, n in changed.items())
-                                  + f": {plan.reason}")
+                if not self.may_act():  # the Lease may have gone during the write before: not one more
+                    return None
+                await self._scale(namespace, contract.child_name(name, pool), replicas)
+        if budget is not None and plan.wanted_gpus is not None:
+            # Claimed once written: a claim that fell before its shrink was written would let another
+            # graph's share grow into GPUs still in use.
+            self.ledger.claim(budget, budget_mod.BudgetClaim(
+                graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
+                wanted_gpus=plan.wanted_gpus))
+        if config.mode == "sla" and changed:
+            await self._event(body, "Scaled", ", ".join(f"{p} {current[p]}→{n}" for p, n in changed.items())
+                              + f": {plan.reason}")
         if not plan.data_ok:
             ERRORS.labels("no-data").inc()
             await self._report(body, plan=plan, active=False, reason="NoMetrics",
@@ -351,7 +482,7 @@ class LivePlanner:
         else:
             verb = "scaling" if config.mode == "sla" else "advising (mode advisory: replicas untouched)"
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}",
-                               learned=core.learned(self.memory[key]))
+                               learned=core.learned(self.memory[key]), warnings=plan.warnings)
         return plan
 
     async def _warm_start(self, namespace: str, name: str, config: core.GraphPlanConfig,
@@ -391,13 +522,19 @@ class LivePlanner:
         gauges = reactive.Gauges(
             prefill_queued_tokens=engines.prefill_waiting * isl, decode_running=engines.decode_running,
             decode_waiting=engines.decode_waiting, ready=ready, active=current)
-        reaction = core.react(state.config, gauges, memory, floor=state.floor, capacity=state.capacity)
+        config = state.config
+        budget = graph.spec.planner.budget
+        if budget is not None and budget in self.ledger and config.gpu_budget is not None:
+            # The others may have grown into what this graph's last plan left unused: only what is free now.
+            running = sum(n * config.gpus_per_replica[pool] for pool, n in current.items())
+            free = self.ledger.budgets[budget] - self.gpus_in_use(budget, besides=(namespace, name))
+            config = dataclasses.replace(config, gpu_budget=min(config.gpu_budget, max(free, running)))
+        reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity)
         if not reaction.changed or not self.may_act():
             return reaction
         added = {pool: n for pool, n in reaction.replicas.items() if n > current.get(pool, 0)}
         for pool, replicas in added.items():
-            await self.kube.patch("DynamoGraphComponent", namespace, contract.child_name(name, pool),
-                                  {"spec": {"replicas": replicas}}, subresource="scale")
+            await self._scale(namespace, contract.child_name(name, pool), replicas)
             FAST_PATH.labels(namespace, name, pool).inc(replicas - current[pool])
             DESIRED.labels(namespace, name, pool).set(replicas)
             _set_binding(namespace, name, pool, "fast-path")
@@ -450,9 +587,15 @@ class LivePlanner:
                 FORECAST_COVERAGE.labels(namespace, name, load, f"{level:g}").set(share)
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
-                      message: str, learned: dict[str, float] | None = None) -> None:
+                      message: str, learned: dict[str, float] | None = None,
+                      warnings: tuple[tuple[str, str], ...] | None = None) -> None:
+        """Apply status.planner and the planner's conditions: PlannerActive, and PlannerDegraded from
+        `warnings` (what the graph asks that the planner cannot give; None: unknown this interval, the
+        last word stands)."""
         conditions = body.get("status", {}).get("conditions", [])
         previous = contract.find_condition(conditions, "PlannerActive") or {}
+        generation = body["metadata"].get("generation", 0)
+        degraded = degraded_condition(warnings, previous=conditions, generation=generation)
         block: dict[str, Any] = {"lastDecisionTime": contract.now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
                                  "reason": message[:1024]}
         if learned:
@@ -478,11 +621,15 @@ class LivePlanner:
             "status": {
                 "planner": block,
                 "conditions": [contract.condition("PlannerActive", active, reason, message, previous=conditions,
-                                                  generation=body["metadata"].get("generation", 0))],
+                                                  generation=generation),
+                               *([degraded] if degraded is not None else [])],
             },
         }, subresource="status")
         if previous.get("reason") != reason:
             await self._event(body, reason, message, warning=not active)
+        was = contract.find_condition(conditions, PLANNER_DEGRADED) or {}
+        if degraded is not None and degraded["status"] == "True" and was.get("reason") != degraded["reason"]:
+            await self._event(body, degraded["reason"], degraded["message"], warning=True)
 
     async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         try:

@@ -44,6 +44,13 @@ OFFSET_MAX_SHARE = 0.5
 # of the pool size on some traffic.
 POOLING_PRIOR = 0.5
 
+# When a latency target is below what the profile can do whatever the replica count (its floor: a
+# prompt alone for TTFT, one sequence per replica for ITL), the pool is sized for the floor plus this
+# share of it, and the plan says the SLA is infeasible. Sizing for the floor itself approaches it only
+# with nearly empty replicas — for decode, one sequence each, which sent a pool to scaling.max — while
+# the target is missed anyway.
+INFEASIBLE_SLACK = 0.25
+
 # Rounding guard: 12.0 / 4.0 * 1.0000000000000002 must ask for 3 replicas, not 4.
 _EPSILON = 1e-9
 
@@ -173,6 +180,8 @@ class Desired(_ReplicasByPool):
 
     replicas: Mapping[Pool, int]
     reason: str
+    # Pools whose SLA target no replica count meets, each with words naming the target and the floor.
+    infeasible: Mapping[Pool, str] = dataclasses.field(default_factory=dict)
 
 
 # -- step 3: size ----------------------------------------------------------------------------------------
@@ -192,6 +201,7 @@ class _PhaseNeed:
     replicas: float
     reason: str
     extrapolated: bool = False
+    infeasible: str | None = None  # the target no replica count meets, and the floor it lies below
 
     def words(self, correction_words: str) -> str:
         tail = "; extrapolated beyond the profile" if self.extrapolated else ""
@@ -205,18 +215,30 @@ def _offset_words(name: str, offset: float, target_s: float) -> tuple[float, str
 
 def _prefill_need(
     load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float, offset_s: float,
-    pooling: float = POOLING_PRIOR,
+    pooling: float = POOLING_PRIOR, most: int | None = None,
 ) -> _PhaseNeed:
     target = sla.ttft_ms / 1e3
     offset, offset_words = _offset_words("TTFT", offset_s, target)
     # The profile at factor × its latency, plus the offset, within the target: every time scales by the
     # factor, so the pool offered factor × the rate meets (target − offset) / factor on the profile.
-    pool = capacity.prefill_pool(load.prefill_rate_rps * factor, (target - offset) / factor, isl=load.isl,
-                                 percentile=sla.percentile, mix=load.isl_mix, pooling=pooling)
+    rate = load.prefill_rate_rps * factor
+    pool = capacity.prefill_pool(rate, (target - offset) / factor, isl=load.isl,
+                                 percentile=sla.percentile, mix=load.isl_mix, pooling=pooling, most=most)
+    infeasible = None
+    if not pool.target_met:
+        floor = pool.lone_ttft_s * factor + offset
+        relaxed = pool.lone_ttft_s * (1.0 + INFEASIBLE_SLACK)
+        infeasible = (f"prefill: TTFT target {target * 1e3:.0f} ms at p{sla.percentile:g} is below the floor of"
+                      f" {floor * 1e3:.0f} ms (p{sla.percentile:g} of prompts alone on a replica"
+                      f"{' with the latency the profile does not model' if offset > 0 else ''}): no replica count"
+                      f" meets it; sized for {(relaxed * factor + offset) * 1e3:.0f} ms (the floor"
+                      f" + {INFEASIBLE_SLACK:.0%})")
+        pool = capacity.prefill_pool(rate, relaxed, isl=load.isl, percentile=sla.percentile, mix=load.isl_mix,
+                                     pooling=pooling, most=most)
     how = f"{pool.reason}{offset_words}"
     if load.burst > 1.0:
         how += f", for bursts at {load.burst:.2f}× the rate"
-    return _PhaseNeed(float(pool.replicas), how, pool.extrapolated)
+    return _PhaseNeed(float(pool.replicas), how, pool.extrapolated, infeasible)
 
 
 def _decode_need(
@@ -225,23 +247,31 @@ def _decode_need(
 ) -> _PhaseNeed:
     target = sla.itl_ms / 1e3
     offset, offset_words = _offset_words("ITL", offset_s, target)
-    cap = capacity.decode_capacity(load.isl, load.osl, (target - offset) / factor,
-                                   max_running=max_running if math.isfinite(max_running) else None,
-                                   context_length=capacities.decode_context(load.isl, load.osl_mix, load.osl))
+    context = capacities.decode_context(load.isl, load.osl_mix, load.osl)
+    running = max_running if math.isfinite(max_running) else None
+    cap = capacity.decode_capacity(load.isl, load.osl, (target - offset) / factor, max_running=running,
+                                   context_length=context)
+    infeasible = None
+    if not cap.target_met and cap.best_effort_rps > 0:
+        floor = cap.itl_s * factor + offset
+        relaxed = cap.itl_s * (1.0 + INFEASIBLE_SLACK)
+        infeasible = (f"decode: ITL target {target * 1e3:.1f} ms is below the floor of {floor * 1e3:.1f} ms (one"
+                      f" sequence per replica at context {cap.context_length:.0f}"
+                      f"{' with the latency the profile does not model' if offset > 0 else ''}): no replica count"
+                      f" meets it; sized for {(relaxed * factor + offset) * 1e3:.1f} ms (the floor"
+                      f" + {INFEASIBLE_SLACK:.0%}) rather than one sequence per replica")
+        cap = capacity.decode_capacity(load.isl, load.osl, relaxed, max_running=running, context_length=context)
     if cap.target_met:
         per_replica = cap.rate_rps / factor
         how = f"{per_replica:.3g} req/s per replica at concurrency {cap.concurrency:.1f}{offset_words}"
         if cap.limited_by == "engine":
             how += f" (the fleet runs at most {max_running:.0f} sequences per replica)"
-    elif cap.best_effort_rps > 0:
-        per_replica = cap.best_effort_rps / factor
-        how = (f"{cap.reason}{offset_words}; sized for the lowest ITL the profile knows "
-               f"({per_replica:.3g} req/s per replica)")
     else:
         # Nothing the profile knows serves this context (it does not fit one replica's KV cache):
         # more replicas cannot help, so ask for one and say why.
-        return _PhaseNeed(1.0, f"{cap.reason}; no replica count helps")
-    return _PhaseNeed(load.decode_rps / per_replica, how, cap.extrapolated)
+        return _PhaseNeed(1.0, f"{cap.reason}; no replica count helps",
+                          infeasible=f"decode: {cap.reason}; no replica count helps")
+    return _PhaseNeed(load.decode_rps / per_replica, how, cap.extrapolated, infeasible)
 
 
 def _factor_words(name: str, raw: float) -> tuple[float, str]:
@@ -259,6 +289,7 @@ def size(
     corrections: Corrections = Corrections(),
     *,
     decode_capacity: capacities.CapacityModel | None = None,
+    most: Mapping[Pool, int] | None = None,
 ) -> Desired:
     """Replicas of a disaggregated graph's prefill and decode pools for `load`.
 
@@ -268,15 +299,17 @@ def size(
     then divided by the factor). There is no headroom: the margin for forecast error is in the load
     (a calibrated quantile, `conformal`) and the margin for bursts in `load.burst`.
     `decode_capacity` is the decode pool's own model when it runs another parallelism than prefill.
-    When a target is out of reach whatever the replica count, the pool is sized for the best latency
-    the profile allows and the reason says the target will be missed.
+    When a target is out of reach whatever the replica count, the pool is sized for its floor plus
+    INFEASIBLE_SLACK and `Desired.infeasible` says so. `most`: per pool, a count past which no answer
+    matters (scaling.max): sizing stops searching there.
     """
     decode_model = decode_capacity or capacity
     if load.idle:
         return Desired({"prefill": 0, "decode": 0}, "no load predicted: no replicas needed beyond the minimums")
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
-    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s, corrections.pooling)
+    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s, corrections.pooling,
+                            (most or {}).get("prefill"))
     decode = _decode_need(load, decode_model, sla, d_factor, corrections.decode_offset_s,
                           corrections.decode_max_running)
     p_replicas = _replicas_for(prefill.replicas)
@@ -285,7 +318,9 @@ def size(
         f"{load.words()}: "
         f"prefill {p_replicas} ({prefill.words(p_words)}), decode {d_replicas} ({decode.words(d_words)})"
     )
-    return Desired({"prefill": p_replicas, "decode": d_replicas}, reason)
+    needs: tuple[tuple[Pool, _PhaseNeed], ...] = (("prefill", prefill), ("decode", decode))
+    infeasible = {pool: need.infeasible for pool, need in needs if need.infeasible is not None}
+    return Desired({"prefill": p_replicas, "decode": d_replicas}, reason, infeasible)
 
 
 def size_aggregated(
@@ -293,6 +328,8 @@ def size_aggregated(
     capacity: capacities.CapacityModel,
     sla: v1alpha1.SlaTarget,
     corrections: Corrections = Corrections(),
+    *,
+    most: Mapping[Pool, int] | None = None,
 ) -> Desired:
     """Replicas of an aggregated pool, whose workers both prefill and decode.
 
@@ -306,7 +343,8 @@ def size_aggregated(
         return Desired({"aggregated": 0}, "no load predicted: no replicas needed beyond the minimum")
     p_factor, p_words = _factor_words("prefill", corrections.prefill)
     d_factor, d_words = _factor_words("decode", corrections.decode)
-    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s, corrections.pooling)
+    prefill = _prefill_need(load, capacity, sla, p_factor, corrections.prefill_offset_s, corrections.pooling,
+                            (most or {}).get("aggregated"))
     decode = _decode_need(load, capacity, sla, d_factor, corrections.decode_offset_s,
                           corrections.decode_max_running)
     replicas = _replicas_for(prefill.replicas + decode.replicas)
@@ -315,7 +353,8 @@ def size_aggregated(
         f"prefill share {prefill.replicas:.2f} ({prefill.words(p_words)}) + decode share "
         f"{decode.replicas:.2f} ({decode.words(d_words)})"
     )
-    return Desired({"aggregated": replicas}, reason)
+    words = [need.infeasible for need in (prefill, decode) if need.infeasible is not None]
+    return Desired({"aggregated": replicas}, reason, {"aggregated": "; ".join(words)} if words else {})
 
 
 # -- step 4: constrain -------------------------------------------------------------------------------

@@ -267,12 +267,27 @@ class PlannerSpec(ApiModel):
     profile_ref: ProfileRef | None = None
 
 
+# The GPUs a graph's worker pools need at their scaling.min, in CEL over DynamoGraphSpec (scaling and
+# gpus are defaulted, so present on every stored pool).
+_MIN_GPUS_CEL = " + ".join(
+    f"(has(self.components.{pool}) ? self.components.{pool}.scaling.min * self.components.{pool}.gpus : 0)"
+    for pool in WORKER_COMPONENTS)
+
+
 class DynamoGraphSpec(ApiModel):
     """What the user wants served, and how."""
 
     model_config = ConfigDict(
         json_schema_extra=_cel(
             ("self.engine.framework == 'simulator' || has(self.engine.image)", "engine.image is required unless engine.framework is simulator"),
+            # Only the simulator's capacity is known without a profile: any other engine would be
+            # accepted and then never planned (PlannerActive=False NoProfile).
+            ("self.planner.mode == 'off' || self.engine.framework == 'simulator' || has(self.planner.profileRef)",
+             ("planner.profileRef is required when planner.mode is advisory or sla and engine.framework is not "
+              "simulator: point it at a ConfigMap holding the engine's capacity profile, or set planner.mode: off")),
+            (f"!has(self.planner.gpuBudget) || self.planner.gpuBudget >= {_MIN_GPUS_CEL}",
+             ("planner.gpuBudget must cover the worker pools' minimums (scaling.min × gpus, summed): raise "
+              "gpuBudget or lower scaling.min")),
         )
     )
 

@@ -169,6 +169,25 @@ class Cluster:
     def running(self) -> bool:
         return all(self._pid(name) is not None for name in self.PROCESSES)
 
+    def restart(self, name: str, *, down_s: float = 0.0) -> float:
+        """Stop etcd or kube-apiserver, leave it down `down_s` seconds, start it again and wait until it
+        serves; returns the seconds it was away. For fault tests: the others keep running and must cope."""
+        starts = {"etcd": self._start_etcd,
+                  "kube-apiserver": lambda: self._start_apiserver(pki_mod.ensure(self.folder / "pki",
+                                                                                 service_ip=SERVICE_IP))}
+        if name not in starts:
+            raise ValueError(f"restart: {name} is not one of {sorted(starts)}")
+        stopped = time.monotonic()
+        pid = self._pid(name)
+        if pid is not None:
+            terminate_group(pid, timeout=10)
+        self._children.pop(name, None)
+        time.sleep(down_s)
+        starts[name]()
+        if name == "etcd":
+            self._wait(self._healthy, "kube-apiserver /readyz with etcd back", "kube-apiserver", timeout=60)
+        return time.monotonic() - stopped
+
     def status(self) -> dict[str, Any]:
         return {
             "name": self.config.name,

@@ -55,9 +55,17 @@ class ContractExporter:
                              registry=self.registry)
         self._stop = threading.Event()
         self._owed = 0.0
-        start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        self.resume()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def pause(self) -> None:
+        """Stop answering scrapes (the target goes down; Prometheus marks its series stale)."""
+        self._server.shutdown()
+        self._server.server_close()
+
+    def resume(self) -> None:
+        self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):
@@ -131,12 +139,25 @@ def planned_graph(interval_s: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def planned(kubectl: Kubectl, operator: OperatorProcess, namespace: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+def planned_metrics(kubectl: Kubectl, operator: OperatorProcess, namespace: str,
+                    tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The graph `planned` and its metric contract in a real Prometheus; no planner (`planned` adds one)."""
     exporter = ContractExporter()
     prometheus = PrometheusProcess(tmp_path, target=f"127.0.0.1:{exporter.port}", namespace=namespace,
                                    graph="planned")
     prometheus.start()
     kubectl.apply(planned_graph(INTERVAL_S), namespace)
+    try:
+        yield {"exporter": exporter, "prometheus": prometheus}
+    finally:
+        prometheus.stop()
+        exporter.stop()
+
+
+@pytest.fixture
+def planned(planned_metrics: dict[str, Any], kubectl: Kubectl, namespace: str,
+            tmp_path: Path) -> Iterator[dict[str, Any]]:
+    prometheus: PrometheusProcess = planned_metrics["prometheus"]
     log = (tmp_path / "planner.log").open("ab")
 
     def start_planner() -> subprocess.Popen[bytes]:
@@ -156,12 +177,11 @@ def planned(kubectl: Kubectl, operator: OperatorProcess, namespace: str, tmp_pat
         running["planner"] = start_planner()
 
     try:
-        yield {"exporter": exporter, "prometheus": prometheus, "restart": restart, "log": tmp_path / "planner.log"}
+        yield {**planned_metrics, "restart": restart, "log": tmp_path / "planner.log",
+               "alive": lambda: running["planner"].poll() is None}
     finally:
         os.killpg(running["planner"].pid, signal.SIGTERM)
         running["planner"].wait(timeout=30)
-        prometheus.stop()
-        exporter.stop()
         assert "Traceback" not in (tmp_path / "planner.log").read_text(), (tmp_path / "planner.log").read_text()[-4000:]
 
 

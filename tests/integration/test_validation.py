@@ -139,6 +139,20 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
         _set("spec.planner", {"risk": 0.3}),
         ["spec.planner", "planner.risk must lie from 0.5 to 0.999", "0.9 for the load exceeded one interval in ten"],
     ),
+    "sla-mode-without-a-profile-for-a-real-engine": (
+        _set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}}),
+        ["spec", ("planner.profileRef is required when planner.mode is advisory or sla and engine.framework is not"
+                  " simulator")],
+    ),
+    "advisory-mode-without-a-profile-for-a-real-engine": (
+        _set("spec.planner", {"mode": "advisory", "sla": {"ttftMs": 500, "itlMs": 50}}),
+        ["spec", "planner.profileRef is required"],
+    ),
+    "gpu-budget-below-the-minimums": (
+        # prefill min 1 × 1 GPU + decode min 1 × 2 GPUs = 3
+        _set("spec.planner", {"gpuBudget": 2}),
+        ["spec", "planner.gpuBudget must cover the worker pools' minimums"],
+    ),
     "missing-model": (
         _delete("spec.model"),
         ["spec.model", "Required value"],
@@ -168,6 +182,18 @@ def test_the_valid_baseline_is_accepted(kubectl: Kubectl, crds: None) -> None:
     """Guards the table above: each case fails for its own reason, not because the base is bad."""
     result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(valid()))
     assert "created (server dry run)" in result.stdout
+
+
+def test_a_profile_and_a_budget_that_covers_the_minimums_are_accepted(kubectl: Kubectl, crds: None) -> None:
+    """The two planner rules let the right graphs through: a real engine with its profile in sla mode, a
+    budget exactly at the minimums (3 GPUs), and the simulator without a profile."""
+    with_profile = edit(_set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "gpuBudget": 3,
+                                              "profileRef": {"configMap": "llama-profile"}}))
+    simulator = edit(_set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}}))
+    simulator["spec"]["engine"] = {"framework": "simulator"}
+    for graph in (with_profile, simulator):
+        result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(graph))
+        assert "created (server dry run)" in result.stdout
 
 
 def test_component_bounds_are_enforced_on_direct_edits(kubectl: Kubectl, crds: None) -> None:

@@ -309,6 +309,20 @@ def test_cel_engine_image_required_unless_simulator(graph_schema: dict[str, Any]
     assert "self.engine.framework == 'simulator' || has(self.engine.image)" in rules
 
 
+def test_cel_profile_required_when_a_real_engine_is_planned(graph_schema: dict[str, Any]) -> None:
+    rules = cel_rules(node_at(graph_schema, "spec"))
+    assert ("self.planner.mode == 'off' || self.engine.framework == 'simulator' || has(self.planner.profileRef)"
+            in rules)
+
+
+def test_cel_gpu_budget_covers_every_pools_minimum(graph_schema: dict[str, Any]) -> None:
+    (rule,) = [r for r in cel_rules(node_at(graph_schema, "spec")) if "gpuBudget" in r]
+    assert rule.startswith("!has(self.planner.gpuBudget) || self.planner.gpuBudget >= ")
+    for pool in api.WORKER_COMPONENTS:
+        assert (f"(has(self.components.{pool}) ? self.components.{pool}.scaling.min * self.components.{pool}.gpus"
+                " : 0)") in rule
+
+
 def test_every_cel_rule_has_a_message(crds: dict[str, dict[str, Any]]) -> None:
     for name, crd in crds.items():
         for path, node in schema_nodes(openapi_schema(crd)):

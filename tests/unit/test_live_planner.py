@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fleetpilot.planner import budget, live
+from fleetpilot.planner import budget, live, observe
 
 
 def graph(name: str, *, mode: str = "sla", deleting: bool = False) -> dict[str, Any]:
@@ -284,3 +284,140 @@ def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quanti
     # 9 to 12, both steps of the first three and the first step of the last.
     assert core.SCORED_FROM_INTERVALS == 10
     assert len(memory.forecast_calibration["requests"].hits[0.5]) == 7
+
+
+# -- what the planner cannot give: PlannerDegraded ---------------------------------------------------------
+
+
+class StatusRecorder(Recorder):
+    """A Kubernetes API that also records status applies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+
+    async def apply(self, manifest: dict[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
+        assert subresource == "status"
+        self.statuses.append(manifest["status"])
+        return manifest
+
+    async def event(self, body: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
+        await super().event(body, type_=type_, reason=reason, message=message)
+        if type_ == "Warning":
+            self.warnings.append(reason)
+
+
+class Fixed:
+    """An observer that sees the same interval every time (or an outage)."""
+
+    url = "http://prometheus.test"
+
+    def __init__(self, observation: Any) -> None:
+        self.observation = observation
+
+    def observe(self, **_: Any) -> Any:
+        return self.observation
+
+    def history(self, **_: Any) -> Any:
+        return observe.History((), (), ())
+
+
+def test_an_infeasible_sla_is_a_warning_condition_once_and_holding_keeps_it() -> None:
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+
+    kube = StatusRecorder()
+    observer = Fixed(core.Observation(time=0.0, rate_rps=5.0, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02))
+    planner = live.LivePlanner(kube, observer)  # type: ignore[arg-type]
+    body: dict[str, Any] = {
+        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+        "metadata": {"name": "g", "namespace": "ns", "generation": 1},
+        "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                 "components": {"prefill": {"scaling": {"min": 1, "max": 16}},
+                                "decode": {"scaling": {"min": 1, "max": 16}}},
+                 "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 1}, "predictor": "constant"}},
+        "status": {}}
+    plan = asyncio.run(planner.plan_graph(body))
+    assert plan is not None and plan.replicas["decode"] < 16
+    conditions = {c["type"]: c for c in kube.statuses[-1]["conditions"]}
+    assert (conditions["PlannerActive"]["status"], conditions["PlannerActive"]["reason"]) == ("True", "Planning")
+    degraded = conditions["PlannerDegraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "SLAInfeasible")
+    assert "ITL target 1.0 ms is below the floor" in degraded["message"]
+    assert kube.warnings == ["SLAInfeasible"]
+
+    body["status"] = kube.statuses[-1]  # what the apiserver now holds
+    asyncio.run(planner.plan_graph(body))
+    assert kube.warnings == ["SLAInfeasible"]  # no second Warning for the same finding
+
+    observer.observation = core.Observation(time=0.0, error="Prometheus at x unavailable")
+    asyncio.run(planner.plan_graph(body))
+    held = {c["type"]: c for c in kube.statuses[-1]["conditions"]}
+    assert held["PlannerActive"]["reason"] == "NoMetrics"
+    assert held["PlannerDegraded"] == degraded  # not sized while holding: the last word stands
+
+    body["spec"]["planner"]["sla"]["itlMs"] = 50
+    observer.observation = core.Observation(time=0.0, rate_rps=5.0, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02)
+    asyncio.run(planner.plan_graph(body))
+    cleared = {c["type"]: c for c in kube.statuses[-1]["conditions"]}["PlannerDegraded"]
+    assert (cleared["status"], cleared["reason"]) == ("False", "AsExpected")
+
+
+def test_a_shared_budget_short_of_the_minimums_is_a_warning_condition() -> None:
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+
+    kube = StatusRecorder()
+    observer = Fixed(core.Observation(time=0.0, rate_rps=1.0, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02))
+    planner = live.LivePlanner(kube, observer, budgets={"team": 3})  # type: ignore[arg-type]
+
+    def graph_named(name: str) -> dict[str, Any]:
+        return {"apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+                "metadata": {"name": name, "namespace": "ns", "generation": 1},
+                "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                         "components": {"prefill": {}, "decode": {}},
+                         "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
+                                     "budget": "team"}}, "status": {}}
+
+    asyncio.run(planner.plan_graph(graph_named("a")))  # 2 GPUs of 3: fine
+    assert {c["type"]: c for c in kube.statuses[-1]["conditions"]}["PlannerDegraded"]["status"] == "False"
+    asyncio.run(planner.plan_graph(graph_named("b")))  # 4 GPUs of minimums for 3
+    degraded = {c["type"]: c for c in kube.statuses[-1]["conditions"]}["PlannerDegraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "BudgetBelowMinimum")
+    assert "shared GPU budget team (3 GPUs) is 1 short" in degraded["message"]
+    assert kube.warnings == ["BudgetBelowMinimum"]
+
+
+def test_an_apiserver_that_cannot_be_reached_costs_an_interval_not_the_planner() -> None:
+    """A restarting apiserver (connection refused) fails this graph's interval; the loop goes on and the
+    next due interval plans again."""
+    import httpx
+
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+
+    class Away(StatusRecorder):
+        async def apply(self, manifest: dict[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
+            raise httpx.ConnectError("All connection attempts failed")
+
+    clock = {"now": 0.0}
+    kube = Away()
+    observer = Fixed(core.Observation(time=0.0, rate_rps=1.0, isl=2000, osl=200))
+    planner = live.LivePlanner(kube, observer, clock=lambda: clock["now"])  # type: ignore[arg-type]
+    planner._started = True
+    for watcher in planner._informers:
+        watcher.synced.set()
+    planner.graphs.upsert({
+        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+        "metadata": {"name": "g", "namespace": "ns", "generation": 1, "resourceVersion": "1"},
+        "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                 "components": {"prefill": {}, "decode": {}},
+                 "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
+                             "intervalSeconds": 10, "fastPathSeconds": 0}}})
+    asyncio.run(planner.tick())  # does not raise
+    assert planner.next_due[("ns", "g")] == 10.0
+    kube.apply = StatusRecorder.apply.__get__(kube)  # type: ignore[method-assign]  # the apiserver is back
+    clock["now"] = 10.0
+    asyncio.run(planner.tick())
+    assert kube.statuses and {c["type"] for c in kube.statuses[-1]["conditions"]} >= {"PlannerActive"}

@@ -262,3 +262,37 @@ def test_what_the_planner_learned_survives_a_restart_through_the_graphs_status(m
     odd = core.remember(core.GraphMemory(), {"prefillSpeed": "fast", "burst": float("nan"), "decodeMaxRunning": -3})
     assert core.learned(odd) == {"prefillSpeed": 1.0, "decodeSpeed": 1.0, "prefillOffsetSeconds": 0.0,
                                  "decodeOffsetSeconds": 0.0}
+
+
+def test_an_sla_below_the_profiles_floor_is_reported_and_sized_for_the_floor_plus_a_margin(
+    model: capacity.CapacityModel,
+) -> None:
+    """ITL 1 ms is below what one sequence alone takes on the simulator's profile: the plan says so
+    (SLAInfeasible, naming target and floor) and sizes decode as for the floor + 25%, not one sequence per
+    replica up to scaling.max."""
+    floor_ms = model.decode_capacity(2000, 200, 0.001).itl_s * 1e3
+    quiet = core.Observation(time=0.0, rate_rps=5.0, isl=2000, osl=200)  # no latencies: nothing to correct
+    impossible, _ = core.plan_interval(config(sla={"ttftMs": 500, "itlMs": 1}), quiet, core.GraphMemory(),
+                                       current=ONE_EACH, capacity=model, now=0.0)
+    relaxed, _ = core.plan_interval(config(sla={"ttftMs": 500, "itlMs": floor_ms * 1.25}), quiet,
+                                    core.GraphMemory(), current=ONE_EACH, capacity=model, now=0.0)
+    assert impossible.warnings is not None and [r for r, _ in impossible.warnings] == ["SLAInfeasible"]
+    assert f"ITL target 1.0 ms is below the floor of {floor_ms:.1f} ms" in impossible.warnings[0][1]
+    assert impossible.replicas["decode"] == relaxed.replicas["decode"] < 16
+    assert relaxed.warnings == ()
+
+
+def test_a_gpu_budget_below_the_minimums_is_a_warning_not_a_sentence(model: capacity.CapacityModel) -> None:
+    bounds = {"scaling": {"min": 2, "max": 8}}
+    spec = api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": "simulator"},
+        "components": {"prefill": {"replicas": 2, **bounds}, "decode": {"replicas": 2, **bounds}},
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant", "gpuBudget": 3}})
+    plan, _ = core.plan_interval(core.config_from_spec(spec), seen(1.0), core.GraphMemory(),
+                                 current={"prefill": 2, "decode": 2}, capacity=model, now=0.0)
+    assert plan.warnings is not None and plan.warnings[0][0] == "BudgetBelowMinimum"
+    assert "GPU budget 3 is below the 4 GPUs the pools' scaling.min need" in plan.warnings[0][1]
+    assert dict(plan.replicas) == {"prefill": 2, "decode": 2}  # the minimums are kept
+    holding, _ = core.plan_interval(core.config_from_spec(spec), core.Observation(time=0.0, error="down"),
+                                    core.GraphMemory(), current={"prefill": 2, "decode": 2}, capacity=model, now=0.0)
+    assert holding.warnings is None  # not sized: the last word stands

@@ -553,9 +553,10 @@ def test_effective_replicas_clamps_to_scaling_bounds(low: int, high: int) -> Non
             assert effective == requested
 
 
-def test_effective_replicas_of_frontend_is_unbounded() -> None:
+def test_effective_replicas_of_frontend_is_at_least_one_and_unbounded_above() -> None:
+    """A frontend scaled to zero would leave a graph that holds GPUs and serves nothing: one runs."""
     graph = parse(VLLM_DISAGG)
-    assert render.effective_replicas(graph, "frontend", 0) == 0
+    assert render.effective_replicas(graph, "frontend", 0) == 1
     assert render.effective_replicas(graph, "frontend", 50) == 50
 
 
@@ -578,6 +579,7 @@ def test_component_object_with_replicas_carries_initial_replicas_and_bounds() ->
         "graph": "sim-disagg",
         "component": "frontend",
         "replicas": 1,
+        "minReplicas": 1,
     }
 
 

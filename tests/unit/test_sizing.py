@@ -146,18 +146,44 @@ def test_no_load_needs_no_replicas_and_any_load_needs_one() -> None:
     assert (trickle.prefill, trickle.decode) == (1, 1)
 
 
-def test_unreachable_ttft_sizes_for_the_floor_and_says_so() -> None:
-    """A 50 ms TTFT target at ISL 800 (0.1 s alone) cannot be met; sizing keeps the p90 request from
-    waiting at all (ρ = 0.1: 1 request/s per replica): 20 replicas for 20 requests/s."""
+def test_unreachable_ttft_sizes_for_the_floor_plus_a_margin_and_says_so() -> None:
+    """A 50 ms TTFT target at ISL 800 (0.1 s alone) cannot be met by any pool. Sizing for the floor itself
+    would keep the p90 request from waiting at all (ρ = 0.1: 20 separate replicas for 20 requests/s); the
+    planner sizes for the floor + 25% (125 ms) instead and names target and floor."""
     sla = v1alpha1.SlaTarget(ttft_ms=50.0, itl_ms=20.0)
     desired = sizing.size(LOAD, TINY, sla, SEPARATE)
-    assert desired.prefill == 20
-    assert "out of reach" in desired.reason
-    # One shared queue: the pool in which fewer than 10% of prompts wait at all (Erlang C ≤ 0.1 at 2
-    # Erlangs offered), far fewer replicas than 20 separate queues.
-    shared = sizing.size(LOAD, TINY, sla, sizing.Corrections(prefill_pooling=1.0))
-    c = shared.prefill
-    assert capacities.erlang_c(c, 2.0) <= 0.1 < capacities.erlang_c(c - 1, 2.0)
+    relaxed = sizing.size(LOAD, TINY, v1alpha1.SlaTarget(ttft_ms=125.0, itl_ms=20.0), SEPARATE)
+    assert desired.prefill == relaxed.prefill < 20
+    assert set(desired.infeasible) == {"prefill"} and not relaxed.infeasible
+    assert "TTFT target 50 ms at p90 is below the floor of 100 ms" in desired.infeasible["prefill"]
+    assert "sized for 125 ms (the floor + 25%)" in desired.infeasible["prefill"]
+
+
+def test_unreachable_itl_does_not_send_decode_to_its_maximum() -> None:
+    """ITL 5 ms where one sequence alone takes 10 ms: one sequence per replica would need 20 / 0.25 = 80
+    replicas (0.25 requests/s each at OSL 400), every one of them missing the target anyway. Sized for the
+    floor + 25% (12.5 ms: 13.25 sequences, 2.65 requests/s per replica): 8 replicas."""
+    sla = v1alpha1.SlaTarget(ttft_ms=TTFT_MS, itl_ms=5.0)
+    desired = sizing.size(LOAD, TINY, sla, SEPARATE)
+    assert desired.decode == 8 == math.ceil(20 / TINY.decode_rate_per_replica(800, 400, 0.0125))
+    assert set(desired.infeasible) == {"decode"}
+    assert "ITL target 5.0 ms is below the floor of 10.0 ms" in desired.infeasible["decode"]
+    # A correction and an offset move the floor the fleet sees: 10 ms × 1.5 + 2 ms.
+    slower = sizing.size(LOAD, TINY, sla, sizing.Corrections(decode=1.5, decode_offset_s=0.002, prefill_pooling=0.0))
+    assert "below the floor of 17.0 ms" in slower.infeasible["decode"]
+    aggregated = sizing.size_aggregated(LOAD, TINY, sla, SEPARATE)
+    assert "ITL target 5.0 ms" in aggregated.infeasible["aggregated"]
+
+
+def test_a_context_no_kv_cache_holds_is_infeasible_with_one_replica() -> None:
+    small = capacities.CapacityModel(tiny_profile(kv_capacity_tokens=500))
+    desired = sizing.size(LOAD, small, SLA, SEPARATE)
+    assert desired.decode == 1
+    assert "exceeds the KV cache" in desired.infeasible["decode"]
+
+
+def test_reachable_targets_are_feasible() -> None:
+    assert sizing.size(LOAD, TINY, SLA, SEPARATE).infeasible == {}
 
 
 def test_decode_pool_may_have_its_own_capacity_model() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -342,6 +343,77 @@ def test_unschedulable_without_gpus_uses_the_scheduler_message() -> None:
     assert degraded.message == "Unschedulable: 0/3 nodes are available: 3 Insufficient cpu."
 
 
+def test_pods_pending_for_another_reason_carry_the_schedulers_own_words() -> None:
+    """A GPU pod no node matches (nodeSelector, affinity, taints) is not "short of GPUs": the graph says
+    what the scheduler said, without its preemption postscript, and no GPU arithmetic."""
+    said = ("0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes"
+            " are available: 4 Preemption is not helpful for scheduling.")
+    stuck = gpu_pod(2, unschedulable=True, scheduler_message=said)
+    observation = observe([component("decode", 1, ready=0)], pods=[stuck],
+                          capacity=status.GpuCapacity(free=22, total=32, largest_node=8))
+    conditions = by_type(status.conditions(observation))
+    degraded = conditions["Degraded"]
+    assert (degraded.status, degraded.reason) == ("True", "Unschedulable")
+    assert degraded.message == "Unschedulable: 0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+    assert "nvidia.com/gpu" not in degraded.message
+    assert conditions["Ready"].message.startswith(degraded.message)
+
+
+def test_gpu_shortage_and_another_reason_are_both_reported() -> None:
+    short = gpu_pod(8, unschedulable=True, name="big")
+    tainted = gpu_pod(1, unschedulable=True, name="small",
+                      scheduler_message="0/2 nodes are available: 2 node(s) had untolerated taint {gpu: broken}.")
+    observation = observe([component("decode", 2, ready=0)], pods=[short, tainted],
+                          capacity=status.GpuCapacity(free=4, total=16, largest_node=8))
+    message = by_type(status.conditions(observation))["Degraded"].message
+    assert message.startswith("Unschedulable: needs 8 nvidia.com/gpu, 4 free")  # only the GPU-short pod counts
+    assert "and 1 pod(s): 0/2 nodes are available: 2 node(s) had untolerated taint {gpu: broken}." in message
+
+
+QUOTA_MESSAGE = ('pods "g-decode-7d9f-x2" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1,'
+                 ' used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2')
+
+
+def failing(name: str, desired: int, ready: int, message: str) -> status.ComponentObservation:
+    """A component whose Deployment cannot create pods: the ReplicaFailure the deployment controller copies
+    from its ReplicaSet."""
+    observed = component(name, desired, ready)
+    assert observed.deployment is not None
+    observed.deployment["status"]["conditions"] = [
+        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": message},
+    ]
+    return observed
+
+
+def test_a_quota_that_refuses_pods_names_the_quota_and_what_it_lacks() -> None:
+    observation = observe([component("frontend", 1), component("prefill", 1), failing("decode", 2, 1, QUOTA_MESSAGE)])
+    conditions = by_type(status.conditions(observation))
+    degraded = conditions["Degraded"]
+    assert (degraded.status, degraded.reason) == ("True", "QuotaExceeded")
+    assert degraded.message == ("decode cannot create pods: ResourceQuota gpus is exhausted; a pod needs"
+                                " requests.nvidia.com/gpu 1 more (quota 2, 2 used): raise the quota or lower the"
+                                " replicas")
+    ready = conditions["Ready"]
+    assert (ready.status, ready.reason) == ("False", "QuotaExceeded")
+    assert ready.message == f"{degraded.message}; decode 1/2 ready"
+    # An Event follows: Degraded changed to True (the reconciler records one per such transition).
+    assert [c.type for c in status.transitions([degraded], [cond("Degraded", "False", "AsExpected")])] == ["Degraded"]
+
+
+def test_other_replica_failures_are_reported_in_the_controllers_words() -> None:
+    said = 'pods "g-decode-x" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true'
+    degraded = by_type(status.conditions(observe([failing("decode", 1, 0, said)])))["Degraded"]
+    assert (degraded.reason, degraded.message) == ("FailedCreate", f"decode cannot create pods: {said}")
+
+
+def test_a_cleared_replica_failure_degrades_nothing() -> None:
+    observed = failing("decode", 2, 2, QUOTA_MESSAGE)
+    assert observed.deployment is not None
+    observed.deployment["status"]["conditions"][1]["status"] = "False"
+    assert by_type(status.conditions(observe([observed])))["Degraded"].status == "False"
+
+
 def test_clamped_replicas_degrade_the_graph() -> None:
     components = [component("frontend", 1), component("decode", 8, clamped_from=12)]
     degraded = by_type(status.conditions(observe(components)))["Degraded"]
@@ -459,3 +531,76 @@ def test_transitions_counts_reason_changes_and_new_conditions() -> None:
 def test_no_transitions_when_nothing_changed() -> None:
     conditions = status.conditions(observe(healthy_components()))
     assert status.transitions(conditions, conditions) == []
+
+
+# -- is a planner acting? ----------------------------------------------------------------------------
+
+T0 = datetime.datetime(2025, 6, 1, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def planned_body(*, mode: str = "sla", interval: int = 60, last: str | None = None, created: str = "2025-06-01T12:00:00Z",
+                 active: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": "g", "namespace": "serving", "generation": 3, "creationTimestamp": created},
+        "spec": {"planner": {"mode": mode, "intervalSeconds": interval}},
+        "status": {"conditions": [active] if active else []},
+    }
+    if last is not None:
+        body["status"]["planner"] = {"lastDecisionTime": last}
+    return body
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def test_no_planner_condition_only_after_two_intervals_without_a_decision() -> None:
+    body = planned_body()
+    early = status.planner_watch(body, first_seen=T0, now=at(30))
+    assert early.condition is None and early.recheck_after_s == pytest.approx(90)
+    late = status.planner_watch(body, first_seen=T0, now=at(121))
+    assert late.condition is not None and late.recheck_after_s is None
+    assert (late.condition.type, late.condition.status, late.condition.reason) == ("PlannerActive", "Unknown", "NoPlanner")
+    assert "none has decided for it yet" in late.condition.message
+    assert "watching namespace serving" in late.condition.message and late.condition.observed_generation == 3
+
+
+def test_a_planner_deciding_keeps_the_operator_silent_and_a_stale_one_is_named() -> None:
+    body = planned_body(last="2025-06-01T12:05:00Z", active={"type": "PlannerActive", "status": "True", "reason": "Planning"})
+    assert status.planner_watch(body, first_seen=T0, now=at(5 * 60 + 100)).condition is None
+    stale = status.planner_watch(body, first_seen=T0, now=at(5 * 60 + 121)).condition
+    assert stale is not None and "the last decision was at 2025-06-01T12:05:00Z" in stale.message
+
+
+def test_the_operator_first_seeing_the_planner_on_starts_the_clock() -> None:
+    """A graph created long ago whose planner was just turned on (or an operator just started) waits two
+    intervals from when this operator first saw it, not from the graph's creation."""
+    body = planned_body(created="2025-01-01T00:00:00Z")
+    assert status.planner_watch(body, first_seen=at(0), now=at(60)).condition is None
+    assert status.planner_watch(body, first_seen=at(0), now=at(130)).condition is not None
+
+
+def test_once_said_no_planner_stays_said_with_the_same_words_until_a_planner_writes() -> None:
+    said = {"type": "PlannerActive", "status": "Unknown", "reason": "NoPlanner", "message": "as first said"}
+    body = planned_body(active=said)
+    watch = status.planner_watch(body, first_seen=at(1000), now=at(1001))  # a restarted operator: no flapping
+    assert watch.condition is not None and watch.condition.message == "as first said"
+
+
+@pytest.mark.parametrize("mode", ["off", None])
+def test_no_planner_condition_when_the_planner_is_off(mode: str | None) -> None:
+    body = planned_body()
+    if mode is None:
+        del body["spec"]["planner"]
+    else:
+        body["spec"]["planner"]["mode"] = mode
+    assert status.planner_watch(body, first_seen=None, now=at(10_000)) == status.PlannerWatch()
+
+
+def test_graph_status_states_the_extra_planner_condition_with_its_time() -> None:
+    watch = status.planner_watch(planned_body(), first_seen=T0, now=at(500))
+    assert watch.condition is not None
+    result = status.graph_status(observe(healthy_components()), previous=api.DynamoGraphStatus(), endpoint=None,
+                                 now=NOW, extra=[watch.condition])
+    planner = by_type(result.conditions)["PlannerActive"]
+    assert (planner.status, planner.last_transition_time) == ("Unknown", NOW)
