@@ -439,9 +439,11 @@ class LivePlanner:
             ERRORS.labels("profile").inc()
             await self._report(body, plan=None, active=False, reason="NoProfile", message=str(error))
             return None
-        observation = self._observed.pop(key, None) or await asyncio.to_thread(
-            self.observer.observe, namespace=namespace, graph=name, window_s=int(config.interval_s),
-            percentile=config.sla.percentile)
+        observation = self._observed.pop(key, None)
+        if observation is None:
+            observation = await asyncio.to_thread(
+                self.observer.observe, namespace=namespace, graph=name, window_s=int(config.interval_s),
+                percentile=config.sla.percentile)
         memory = self.memory.get(key)
         if memory is None:
             memory = await self._warm_start(namespace, name, config, body)

@@ -150,7 +150,7 @@ class PrometheusObserver:
         self.labels = labels or Labels()
         self.timeout_s = timeout_s
         retry = Retry(total=1, read=0, backoff_factor=0.2, status_forcelist=(502, 503, 504), allowed_methods=None)
-        self._prometheus = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s, retry=retry)  # type: ignore[arg-type]
+        self._prometheus = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s, retry=retry)
         self.queries_sent = 0  # queries so far, instant and range (the scale benchmark counts them)
 
     def observe(self, *, namespace: str, graph: str, window_s: int, percentile: float) -> Observation:

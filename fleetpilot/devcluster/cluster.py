@@ -21,6 +21,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,7 @@ class Cluster:
     def restart(self, name: str, *, down_s: float = 0.0) -> float:
         """Stop etcd or kube-apiserver, leave it down `down_s` seconds, start it again and wait until it
         serves; returns the seconds it was away. For fault tests: the others keep running and must cope."""
-        starts = {"etcd": self._start_etcd,
+        starts: dict[str, Callable[[], None]] = {"etcd": self._start_etcd,
                   "kube-apiserver": lambda: self._start_apiserver(pki_mod.ensure(self.folder / "pki",
                                                                                  service_ip=SERVICE_IP))}
         if name not in starts:
