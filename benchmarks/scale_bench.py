@@ -1,4 +1,4 @@
-"""The operator at scale on the real control plane: cold start, API requests at rest, one scale under load.
+"""The operator and the planner at scale on the real control plane (kwok nodes, 8 simulated GPUs each).
 
 For each operator variant — this checkout, and with `--compare-rev REV` the operator of an earlier
 commit, run in the same benchmark on the same cluster — and for each graph count:
@@ -9,12 +9,22 @@ commit, run in the same benchmark on the same cluster — and for each graph cou
 2. **at rest**: `--rest-seconds` with nothing changing. The operator's API requests, by verb and
    resource, from the apiserver's audit log (the operator runs as its own ServiceAccount, so its
    requests are told apart from kwok's, the controllers' and this script's).
-3. **one scale under that load**: `kubectl scale dgc/... --replicas` on random graphs, time until the
-   Deployment's `spec.replicas` says so (p50 and p99 of `--scale-samples`).
+3. **one scale under that load**: `kubectl scale dgc/... --replicas` (a PATCH of /scale, as kubectl
+   sends) on random graphs, time until the Deployment's `spec.replicas` says so (p50 and p99 of
+   `--scale-samples`).
+4. **the planner** (this checkout only): every graph switched to `planner.mode: advisory` (constant
+   predictor, 60-s interval), a real Prometheus scraping the frontend metric contract of every graph
+   (one synthetic exporter, `--serve-contract`, writes the series N frontends would), and the live
+   planner (`planner/live.py`, in this process) planning every graph once: its first interval (each
+   graph's warm start reads its history too), then a steady one with batched queries, then the same
+   with one set of queries per graph (how the planner asked before). Seconds for all graphs, and the
+   Prometheus queries sent.
 
-Run: `~/.cache/fleetpilot/venv/bin/python benchmarks/scale_bench.py --graphs 100 --compare-rev a7a88fd`
-(about 10 minutes per variant and graph count at 100 graphs with the default 5-minute rest window).
-Writes benchmarks/results/scale.json and prints a table.
+Run: `~/.cache/fleetpilot/venv/bin/python benchmarks/scale_bench.py --graphs 100,300,1000`
+(about 10 minutes per graph count at 100 graphs with the default 5-minute rest window), or `--quick`
+(10 graphs, 20-s rest: a smoke test of every phase, as CI runs it). The cluster's ports are
+FLEETPILOT_CLUSTER_PORT_BASE (default 28100) + 500. Writes benchmarks/results/scale.json (or --out)
+and prints a table.
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ import json
 import math
 import os
 import random
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,8 +51,10 @@ from typing import Any
 import httpx
 import yaml
 
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.devcluster import cluster as devcluster
+from fleetpilot.frontend import metrics as frontend_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -202,8 +216,174 @@ def utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+# -- the planner phase: N graphs' metric contract in a real Prometheus ---------------------------------
+
+CONTRACT_HISTOGRAMS = {
+    # name: (buckets, the value every observation has)
+    "fleetpilot_frontend_time_to_first_token_seconds": (frontend_metrics.LATENCY_BUCKETS, 0.2),
+    "fleetpilot_frontend_prefill_seconds": (frontend_metrics.LATENCY_BUCKETS, 0.15),
+    "fleetpilot_frontend_inter_token_latency_seconds": (frontend_metrics.LATENCY_BUCKETS, 0.02),
+    "fleetpilot_frontend_arrival_burst_rps": (frontend_metrics.RATE_BUCKETS, 3.0),
+    "fleetpilot_frontend_input_tokens": (frontend_metrics.TOKEN_BUCKETS, 2000.0),
+    "fleetpilot_frontend_output_tokens": (frontend_metrics.TOKEN_BUCKETS, 200.0),
+}
+
+
+def contract_exposition(namespace: str, graphs: int, *, now: float) -> str:
+    """The metric contract as N frontends export it (what the planner queries), in the text format: graph i
+    takes 0.5 + (i mod 10) / 2 requests/s, every request the same lengths and latencies."""
+    lines: list[str] = []
+    for i in range(graphs):
+        labels = f'namespace="{namespace}",graph="g{i:04d}",model="llama-8b"'
+        count = (0.5 + (i % 10) / 2) * now
+        lines.append(f"fleetpilot_frontend_requests_started_total{{{labels}}} {count:.3f}")
+        for phase in ("prefill", "first_token", "decoding"):
+            lines.append(f'{contract.PHASE_METRIC}{{{labels},phase="{phase}"}} 1')
+        for name, (buckets, value) in CONTRACT_HISTOGRAMS.items():
+            for bound in buckets:
+                le = "+Inf" if math.isinf(bound) else repr(float(bound))
+                lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count if value <= bound else 0:.3f}')
+            if not math.isinf(buckets[-1]):
+                lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {count:.3f}')
+            lines.append(f"{name}_sum{{{labels}}} {count * value:.3f}")
+            lines.append(f"{name}_count{{{labels}}} {count:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def serve_contract(port: int, namespace: str, graphs: int) -> int:
+    """`--serve-contract`: answer scrapes with `contract_exposition` until killed."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = contract_exposition(namespace, graphs, now=time.time()).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    return 0
+
+
+class PlannerStage:
+    """The synthetic exporter and a real Prometheus scraping it (every `scrape_s`, labels kept as exported)."""
+
+    def __init__(self, folder: Path, *, namespace: str, graphs: int, port_base: int, scrape_s: int) -> None:
+        self.folder = folder
+        self.exporter_port, self.port = port_base + 91, port_base + 90
+        self.url = f"http://127.0.0.1:{self.port}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": f"{scrape_s}s", "scrape_timeout": f"{scrape_s}s"},
+            "scrape_configs": [{"job_name": "frontends", "honor_labels": True,
+                                "static_configs": [{"targets": [f"127.0.0.1:{self.exporter_port}"]}]}]}))
+        log = (folder / "exporter.log").open("wb")
+        self.exporter = subprocess.Popen(
+            [sys.executable, __file__, "--serve-contract", str(self.exporter_port), "--namespace", namespace,
+             "--graphs", str(graphs)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.prometheus = subprocess.Popen(
+            [shutil.which("prometheus") or "/usr/bin/prometheus", f"--config.file={folder / 'prometheus.yml'}",
+             f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=(folder / "prometheus.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for_series(self, graphs: int, *, timeout: float = 600) -> None:
+        """Until rate() answers for every graph (two scrapes in the window)."""
+        def answered() -> bool:
+            try:
+                found = httpx.get(f"{self.url}/api/v1/query", timeout=30, params={
+                    "query": "count(sum by (graph) (rate(fleetpilot_frontend_requests_started_total[60s])) > 0)"})
+                result = found.json()["data"]["result"]
+                return bool(result) and int(float(result[0]["value"][1])) >= graphs
+            except (httpx.HTTPError, KeyError, ValueError):
+                return False
+        wait(answered, timeout=timeout, interval=2, what=f"Prometheus to hold {graphs} graphs' series")
+
+    def stop(self) -> None:
+        for process in (self.prometheus, self.exporter):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+
+class PerGraph:
+    """The planner's observer as it was before batches: one set of queries per graph (no `observe_many`)."""
+
+    def __init__(self, observer: Any) -> None:
+        self.inner = observer
+        self.url = observer.url
+
+    def observe(self, **kwargs: Any) -> Any:
+        return self.inner.observe(**kwargs)
+
+    def history(self, **kwargs: Any) -> Any:
+        return self.inner.history(**kwargs)
+
+
+async def plan_every_graph(planner: Any, observer: Any) -> dict[str, float]:
+    """One tick with every graph due: seconds, graphs planned from data, Prometheus queries sent."""
+    for key in list(planner.next_due):
+        planner.next_due[key] = 0.0
+    sent = observer.queries_sent
+    seen = {key: len(memory.rates) for key, memory in planner.memory.items()}
+    started = time.monotonic()
+    await planner.tick()
+    took = time.monotonic() - started
+    planned = sum(1 for key, memory in planner.memory.items() if len(memory.rates) > seen.get(key, 0))
+    return {"seconds": round(took, 1), "graphs_with_data": planned, "queries": observer.queries_sent - sent}
+
+
+def measure_planner(*, cluster: devcluster.Cluster, client: Api, namespace: str, graphs: int, folder: Path,
+                    scrape_s: int) -> dict[str, Any]:
+    """Switch every graph to advisory planning and time the live planner over all of them (see module doc)."""
+    import asyncio
+
+    from fleetpilot import kube
+    from fleetpilot.planner import live, observe
+
+    for i in range(graphs):
+        client.http.patch(f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.GRAPH_PLURAL}/g{i:04d}",
+                          json={"spec": {"planner": {"mode": "advisory", "predictor": "constant",
+                                                     "intervalSeconds": 60, "fastPathSeconds": 0,
+                                                     "sla": {"ttftMs": 500, "itlMs": 50}}}},
+                          headers={"Content-Type": "application/merge-patch+json"}).raise_for_status()
+    stage = PlannerStage(folder, namespace=namespace, graphs=graphs, port_base=cluster.config.port_base,
+                         scrape_s=scrape_s)
+    try:
+        stage.wait_for_series(graphs)
+
+        async def run() -> dict[str, Any]:
+            api_client = kube.KubeApi(kube.load_configuration(str(cluster.config.kubeconfig)),
+                                      field_manager=contract.PLANNER)
+            observer = observe.PrometheusObserver(stage.url, timeout_s=60)
+            planner = live.LivePlanner(api_client, observer, namespaces=[namespace])
+            try:
+                await planner.sync()
+                first = await plan_every_graph(planner, observer)
+                batched = await plan_every_graph(planner, observer)
+                planner.observer = PerGraph(observer)
+                per_graph = await plan_every_graph(planner, observer)
+                return {"first_interval": first, "batched": batched, "per_graph": per_graph}
+            finally:
+                await planner.close()
+                await api_client.aclose()
+
+        return asyncio.run(run())
+    finally:
+        stage.stop()
+
+
 def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubeconfig: Path, graphs: int,
-            rest_seconds: float, scale_samples: int, log_dir: Path) -> dict[str, Any]:
+            rest_seconds: float, scale_samples: int, log_dir: Path, planner: bool = False,
+            scrape_s: int = 15) -> dict[str, Any]:
     namespace = f"scale-{uuid.uuid4().hex[:6]}"
     client.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                   "metadata": {"name": namespace}})
@@ -268,6 +448,11 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
     time.sleep(2)  # the audit log is written in batches, at most a second late
     cold = count_requests(cluster.audit_log, user=USER, start=cold_start, end=cold_end)
     rest = count_requests(cluster.audit_log, user=USER, start=rest_start, end=rest_end)
+    planning = None
+    if planner:
+        print(f"  [{variant.label}] {graphs} graphs: the planner over all of them", flush=True)
+        planning = measure_planner(cluster=cluster, client=client, namespace=namespace, graphs=graphs,
+                                   folder=log_dir / f"planner-{graphs}", scrape_s=scrape_s)
     client.request("DELETE", f"/api/v1/namespaces/{namespace}")
     wait(lambda: not client.pods(namespace), timeout=1800, what=f"pods of {namespace} gone")
     scale_times.sort()
@@ -289,6 +474,7 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         "scale_reflected_p50_s": round(statistics.median(scale_times), 3) if scale_times else None,
         "scale_reflected_p99_s": round(scale_times[min(len(scale_times) - 1, math.ceil(0.99 * len(scale_times)) - 1)], 3)
         if scale_times else None,
+        "planner": planning,
     }
 
 
@@ -297,15 +483,29 @@ def main() -> int:
     parser.add_argument("--graphs", default="100", help="comma-separated graph counts (default 100)")
     parser.add_argument("--rest-seconds", type=float, default=300.0)
     parser.add_argument("--scale-samples", type=int, default=20)
+    parser.add_argument("--scrape-seconds", type=int, default=15, help="Prometheus' scrape interval (planner phase)")
+    parser.add_argument("--no-planner", action="store_true", help="skip the planner phase")
+    parser.add_argument("--quick", action="store_true", help="10 graphs, 20-s rest, 5 scale samples (CI)")
     parser.add_argument("--compare-rev", default=None, help="also measure the operator of this git revision")
+    parser.add_argument("--compare-graphs", default=None,
+                        help="graph counts at which to measure --compare-rev too (default: all of --graphs)")
     parser.add_argument("--only-rev", action="store_true", help="measure only --compare-rev, not this checkout")
-    parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/scale.json, or"
+                        " scale-quick.json in the system's temporary folder with --quick")
     parser.add_argument("--keep", action="store_true", help="leave the bench cluster running")
+    parser.add_argument("--serve-contract", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--namespace", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_contract is not None:
+        return serve_contract(args.serve_contract, args.namespace, int(args.graphs))
+    if args.quick:
+        args.graphs, args.rest_seconds, args.scale_samples, args.scrape_seconds = "10", 20.0, 5, 5
+    out = args.out or (Path(tempfile.gettempdir()) / "scale-quick.json" if args.quick else RESULTS / "scale.json")
     counts = [int(n) for n in args.graphs.split(",")]
 
     nodes = math.ceil(max(counts) * GPUS_PER_GRAPH / 8) + 2
-    config = devcluster.ClusterConfig(name="scale", port_base=28600, nodes=nodes, audit_log=True)
+    port_base = int(os.environ.get("FLEETPILOT_CLUSTER_PORT_BASE", "28100")) + 500
+    config = devcluster.ClusterConfig(name="scale", port_base=port_base, nodes=nodes, audit_log=True)
     cluster = devcluster.Cluster(config)
     cluster.up(reuse=False)
     kubectl = devcluster.k8s_bin("kubectl")
@@ -322,11 +522,16 @@ def main() -> int:
         if args.compare_rev:
             variants.append(unpack_rev(args.compare_rev, Path(scratch)))
         try:
+            compare_at = {int(n) for n in args.compare_graphs.split(",")} if args.compare_graphs else set(counts)
             for graphs in counts:
                 for variant in variants:
+                    if variant.pythonpath is not None and graphs not in compare_at:
+                        continue
                     rows.append(measure(variant, cluster=cluster, client=client, kubeconfig=kubeconfig, graphs=graphs,
                                         rest_seconds=args.rest_seconds, scale_samples=args.scale_samples,
-                                        log_dir=config.folder / "logs"))
+                                        log_dir=config.folder / "logs",
+                                        planner=not args.no_planner and variant.pythonpath is None,
+                                        scrape_s=args.scrape_seconds))
         finally:
             if not args.keep:
                 cluster.down(quiet=True)
@@ -342,9 +547,19 @@ def main() -> int:
     for row in rows:
         calls = ", ".join(f"{call} {n}" for call, n in row["at_rest_by_call"].items()) or "none"
         print(f"  at rest, {row['variant']} with {row['graphs']} graphs over {row['rest_seconds']:.0f}s: {calls}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    for row in rows:
+        if row.get("planner"):
+            print(f"  planner, {row['graphs']} graphs: " + "; ".join(
+                f"{phase} {figures['seconds']}s, {figures['queries']} queries, {figures['graphs_with_data']} with data"
+                for phase, figures in row["planner"].items()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    print(f"\nwrote {out}")
+    failed = [row["graphs"] for row in rows if row.get("planner") and
+              row["planner"]["batched"]["graphs_with_data"] < row["graphs"]]
+    if failed:
+        print(f"scale_bench: the planner did not see every graph's metrics at {failed} graphs", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -226,19 +226,27 @@ def _prefill_need(
                                  percentile=sla.percentile, mix=load.isl_mix, pooling=pooling, most=most)
     infeasible = None
     if not pool.target_met:
-        floor = pool.lone_ttft_s * factor + offset
-        relaxed = pool.lone_ttft_s * (1.0 + INFEASIBLE_SLACK)
-        infeasible = (f"prefill: TTFT target {target * 1e3:.0f} ms at p{sla.percentile:g} is below the floor of"
-                      f" {floor * 1e3:.0f} ms (p{sla.percentile:g} of prompts alone on a replica"
-                      f"{' with the latency the profile does not model' if offset > 0 else ''}): no replica count"
-                      f" meets it; sized for {(relaxed * factor + offset) * 1e3:.0f} ms (the floor"
-                      f" + {INFEASIBLE_SLACK:.0%})")
+        relaxed, infeasible = _infeasible(
+            f"prefill: TTFT target {target * 1e3:.0f} ms at p{sla.percentile:g}", pool.lone_ttft_s, factor, offset,
+            f"p{sla.percentile:g} of prompts alone on a replica", digits=0)
         pool = capacity.prefill_pool(rate, relaxed, isl=load.isl, percentile=sla.percentile, mix=load.isl_mix,
                                      pooling=pooling, most=most)
     how = f"{pool.reason}{offset_words}"
     if load.burst > 1.0:
         how += f", for bursts at {load.burst:.2f}× the rate"
     return _PhaseNeed(float(pool.replicas), how, pool.extrapolated, infeasible)
+
+
+def _infeasible(target_words: str, floor_s: float, factor: float, offset: float, floor_words: str, *,
+                digits: int) -> tuple[float, str]:
+    """For a target below the profile's floor (`floor_s`, on the profile's clock): the target to size for
+    instead (the floor + INFEASIBLE_SLACK, on the profile's clock) and words naming target and floor as the
+    fleet sees them (× the speed factor, + the offset)."""
+    relaxed = floor_s * (1.0 + INFEASIBLE_SLACK)
+    modelled = " with the latency the profile does not model" if offset > 0 else ""
+    return relaxed, (f"{target_words} is below the floor of {(floor_s * factor + offset) * 1e3:.{digits}f} ms"
+                     f" ({floor_words}{modelled}): no replica count meets it; sized for"
+                     f" {(relaxed * factor + offset) * 1e3:.{digits}f} ms (the floor + {INFEASIBLE_SLACK:.0%})")
 
 
 def _decode_need(
@@ -253,13 +261,10 @@ def _decode_need(
                                    context_length=context)
     infeasible = None
     if not cap.target_met and cap.best_effort_rps > 0:
-        floor = cap.itl_s * factor + offset
-        relaxed = cap.itl_s * (1.0 + INFEASIBLE_SLACK)
-        infeasible = (f"decode: ITL target {target * 1e3:.1f} ms is below the floor of {floor * 1e3:.1f} ms (one"
-                      f" sequence per replica at context {cap.context_length:.0f}"
-                      f"{' with the latency the profile does not model' if offset > 0 else ''}): no replica count"
-                      f" meets it; sized for {(relaxed * factor + offset) * 1e3:.1f} ms (the floor"
-                      f" + {INFEASIBLE_SLACK:.0%}) rather than one sequence per replica")
+        relaxed, infeasible = _infeasible(
+            f"decode: ITL target {target * 1e3:.1f} ms", cap.itl_s, factor, offset,
+            f"one sequence per replica at context {cap.context_length:.0f}", digits=1)
+        infeasible += " rather than one sequence per replica"
         cap = capacity.decode_capacity(load.isl, load.osl, relaxed, max_running=running, context_length=context)
     if cap.target_met:
         per_replica = cap.rate_rps / factor

@@ -22,6 +22,9 @@ quick_out=$(mktemp -d)
 python benchmarks/backtest.py --quick --out "$quick_out"
 bench_status=$?
 rm -rf "$quick_out"
+echo "== scale benchmark, quick (10 graphs through every phase; the full run is benchmarks/scale_bench.py)"
+python benchmarks/scale_bench.py --quick --out "$(mktemp -d)/scale-quick.json"
+scale_status=$?
 echo "== e2e: the closed loop (cluster e2e, Prometheus, operator, planner, simulated fleet)"
 pytest e2e -p no:cacheprovider
 e2e_status=$?
@@ -34,4 +37,5 @@ for code in $status $e2e_status; do
 done
 (( status == 0 )) || exit $status
 (( bench_status == 0 )) || exit $bench_status
+(( scale_status == 0 )) || exit $scale_status
 exit $e2e_status

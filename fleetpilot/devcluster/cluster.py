@@ -146,7 +146,9 @@ class Cluster:
             self._start_scheduler(kubeconfigs["scheduler"])
             self._start_kwok(kubeconfigs["kwok"])
             self._create_nodes()
-            self._wait(self._nodes_ready, "simulated nodes to become Ready", "kwok", timeout=60)
+            # kwok readies nodes one by one: hundreds take minutes on a busy machine.
+            self._wait(self._nodes_ready, "simulated nodes to become Ready", "kwok",
+                       timeout=60 + 1.0 * self.config.nodes)
             self._wait(self._default_service_account, "the default ServiceAccount", "kube-controller-manager", timeout=60)
         except BaseException:
             self.down(quiet=True)
