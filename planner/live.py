@@ -363,6 +363,13 @@ class LivePlanner:
                 used += (replicas if replicas is not None else int(worker.get("replicas", 1))) * int(worker.get("gpus", 1))
         return used
 
+    def _room(self, budget: str, key: tuple[str, str], config: core.GraphPlanConfig,
+              current: Mapping[sizing.Pool, int]) -> int:
+        """The most GPUs graph `key` may run now under `budget`: what the others leave free, and never less
+        than it runs (shrinking it is its share's business, not the others')."""
+        running = sum(n * config.gpus_per_replica[pool] for pool, n in current.items())
+        return max(self.ledger.budgets[budget] - self.gpus_in_use(budget, besides=key), running)
+
     def _asked(self, namespace: str, component: str) -> int | None:
         """A DynamoGraphComponent's spec.replicas: this planner's own last /scale write until the watch has
         shown it (a watch event comes a moment after the write; meanwhile the store says the old count, and
@@ -421,11 +428,10 @@ class LivePlanner:
                                       min_gpus=core.min_gpus(config), own_cap=config.gpu_budget)
             budget_note = grant.reason
             gpus = grant.gpus
-            free = self.ledger.budgets[budget] - self.gpus_in_use(budget, besides=key)
-            running = sum(n * config.gpus_per_replica[pool] for pool, n in current.items())
-            if gpus > max(free, running):
-                gpus = max(free, running)
-                budget_note += f"; {free} GPUs free until the others' shrinks are written: growing to {gpus} for now"
+            room = self._room(budget, key, config, current)
+            if gpus > room:
+                gpus = room
+                budget_note += f"; {room} GPUs free until the others' shrinks are written: growing to {gpus} for now"
             config = dataclasses.replace(config, gpu_budget=gpus)
             shared_short = self.ledger.minimums(budget) - self.ledger.budgets[budget]
             if shared_short > 0:
@@ -528,9 +534,8 @@ class LivePlanner:
         budget = graph.spec.planner.budget
         if budget is not None and budget in self.ledger and config.gpu_budget is not None:
             # The others may have grown into what this graph's last plan left unused: only what is free now.
-            running = sum(n * config.gpus_per_replica[pool] for pool, n in current.items())
-            free = self.ledger.budgets[budget] - self.gpus_in_use(budget, besides=(namespace, name))
-            config = dataclasses.replace(config, gpu_budget=min(config.gpu_budget, max(free, running)))
+            config = dataclasses.replace(config, gpu_budget=min(config.gpu_budget,
+                                                                self._room(budget, (namespace, name), config, current)))
         reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity)
         if not reaction.changed or not self.may_act():
             return reaction
