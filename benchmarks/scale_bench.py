@@ -146,6 +146,7 @@ class Variant:
 
     label: str
     pythonpath: str | None = None  # a tree laid out as the installed package, for an earlier commit
+    crds: Path | None = None  # that commit's CRDs: its operator parses graphs with that commit's models
 
     def command(self) -> list[str]:
         if self.pythonpath is None:
@@ -167,7 +168,7 @@ def unpack_rev(rev: str, folder: Path) -> Variant:
         (package / entry.name).symlink_to(entry)
     (package / "operator").symlink_to(source / "operator")
     (package / "planner").symlink_to(source / "planner")
-    return Variant(label=rev, pythonpath=str(tree))
+    return Variant(label=rev, pythonpath=str(tree), crds=source / "crds")
 
 
 def process_stats(pid: int) -> tuple[float, float]:
@@ -381,10 +382,22 @@ def measure_planner(*, cluster: devcluster.Cluster, client: Api, namespace: str,
         stage.stop()
 
 
+def install_crds(cluster: devcluster.Cluster, folder: Path) -> None:
+    env = {**os.environ, "KUBECONFIG": str(cluster.config.kubeconfig)}
+    kubectl = str(devcluster.k8s_bin("kubectl"))
+    subprocess.run([kubectl, "apply", "--server-side", "--force-conflicts", "-f", str(folder)], env=env, check=True,
+                   capture_output=True)
+    subprocess.run([kubectl, "wait", "--for", "condition=Established", "crd", "--all"], env=env, check=True,
+                   capture_output=True)
+
+
 def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubeconfig: Path, graphs: int,
             rest_seconds: float, scale_samples: int, log_dir: Path, planner: bool = False,
             scrape_s: int = 15) -> dict[str, Any]:
     namespace = f"scale-{uuid.uuid4().hex[:6]}"
+    # An earlier commit's operator parses graphs with its own models (unknown fields refused): serve it the
+    # CRDs of its time, so the apiserver defaults no field it does not know.
+    install_crds(cluster, variant.crds or REPO / "crds")
     client.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                   "metadata": {"name": namespace}})
     for i in range(graphs):
@@ -508,12 +521,6 @@ def main() -> int:
     config = devcluster.ClusterConfig(name="scale", port_base=port_base, nodes=nodes, audit_log=True)
     cluster = devcluster.Cluster(config)
     cluster.up(reuse=False)
-    kubectl = devcluster.k8s_bin("kubectl")
-    env = {**os.environ, "KUBECONFIG": str(config.kubeconfig)}
-    subprocess.run([str(kubectl), "apply", "--server-side", "-f", str(REPO / "crds")], env=env, check=True,
-                   capture_output=True)
-    subprocess.run([str(kubectl), "wait", "--for", "condition=Established", "crd", "--all"], env=env, check=True,
-                   capture_output=True)
     client = Api(cluster)
     rows = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as scratch:
@@ -532,6 +539,9 @@ def main() -> int:
                                         log_dir=config.folder / "logs",
                                         planner=not args.no_planner and variant.pythonpath is None,
                                         scrape_s=args.scrape_seconds))
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")  # so far: a long run keeps its rows
+                    print(f"  {json.dumps(rows[-1])}", flush=True)
         finally:
             if not args.keep:
                 cluster.down(quiet=True)
