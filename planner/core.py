@@ -601,11 +601,13 @@ def react(
     if not config.disaggregated:
         return reactive.Reaction(dict(floor), ["aggregated graph: no fast path"], False)
     bounds = {pool: (bound.min_replicas, bound.max_replicas) for pool, bound in config.bounds.items()}
-    reaction = reactive.react(
-        gauges, capacity,
-        isl=isl if isl else recent_mean(memory.isls), osl=osl if osl else recent_mean(memory.osls),
-        ttft_target_s=config.sla.ttft_ms / 1e3, itl_target_s=config.sla.itl_ms / 1e3, floor=floor, bounds=bounds,
-    )
+    isl = isl if isl else recent_mean(memory.isls)
+    osl = osl if osl else recent_mean(memory.osls)
+    ttft_s, itl_s = config.sla.ttft_ms / 1e3, config.sla.itl_ms / 1e3
+    if isl > 0 and osl > 0:
+        ttft_s, itl_s = sizing.attainable_targets(capacity, isl=isl, osl=osl, ttft_s=ttft_s, itl_s=itl_s)
+    reaction = reactive.react(gauges, capacity, isl=isl, osl=osl, ttft_target_s=ttft_s, itl_target_s=itl_s,
+                              floor=floor, bounds=bounds)
     if config.gpu_budget is None or not reaction.changed:
         return reaction
     # Within the GPU budget the last interval was granted: take back the newest additions first.

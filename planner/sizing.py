@@ -249,6 +249,20 @@ def _infeasible(target_words: str, floor_s: float, factor: float, offset: float,
                      f" {(relaxed * factor + offset) * 1e3:.{digits}f} ms (the floor + {INFEASIBLE_SLACK:.0%})")
 
 
+def attainable_targets(capacity: capacities.CapacityModel, *, isl: float, osl: float, ttft_s: float,
+                       itl_s: float) -> tuple[float, float]:
+    """(TTFT, ITL) targets the fast path can act on: a target below the profile's floor at these lengths is
+    raised to the floor + INFEASIBLE_SLACK, as sizing does, so that a queue the fleet can clear still
+    counts and a latency no replica count brings down does not add a replica every tick."""
+    lone = capacity.lone_ttft_s(isl).value
+    if lone > ttft_s:
+        ttft_s = lone * (1.0 + INFEASIBLE_SLACK)
+    decode = capacity.decode_capacity(isl, osl, itl_s)
+    if not decode.target_met and decode.best_effort_rps > 0:
+        itl_s = decode.itl_s * (1.0 + INFEASIBLE_SLACK)
+    return ttft_s, itl_s
+
+
 def _decode_need(
     load: Load, capacity: capacities.CapacityModel, sla: v1alpha1.SlaTarget, factor: float, offset_s: float,
     max_running: float = math.nan,

@@ -157,3 +157,20 @@ def test_a_pool_whose_replicas_are_all_still_starting_is_left_to_them() -> None:
     per_s = MODEL.prefill_tokens_per_s(ISL).value
     cold = gauges(queued=50 * per_s, running=0, waiting=400, ready=(0, 0), starting=(2, 2))
     assert not react(cold).changed
+
+
+def test_an_itl_target_below_the_floor_adds_no_decode_every_tick() -> None:
+    """ITL 1 ms where one sequence alone takes more: every tick would see the target missed and add a decode
+    replica, up to scaling.max, for nothing. Through `core.react` the target is the floor + 25% (as sizing
+    has it): a decode pool running 8 sequences per replica is not short; one running far more still is."""
+    spec = api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": "simulator"},
+        "components": {"prefill": {"replicas": 2, "scaling": {"max": 16}}, "decode": {"replicas": 2, "scaling": {"max": 16}}},
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 1}}})
+    config = core.config_from_spec(spec)
+    memory = core.GraphMemory(isls=(float(ISL),), osls=(float(OSL),))
+    floor = {"prefill": 2, "decode": 2}
+    assert react(gauges(running=16), itl_target_s=0.001).changed  # the raw target: more decode, every tick
+    assert not core.react(config, gauges(running=16), memory, floor=floor, capacity=MODEL).changed
+    crowded = core.react(config, gauges(running=400), memory, floor=floor, capacity=MODEL)
+    assert crowded.changed and crowded.replicas["decode"] == 3
