@@ -491,6 +491,24 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
     }
 
 
+def planner_only(*, cluster: devcluster.Cluster, client: Api, graphs: int, log_dir: Path,
+                 scrape_s: int) -> dict[str, Any]:
+    """`--planner-only`: N graphs (no operator: no pods, no components) and the planner phase over them."""
+    install_crds(cluster, REPO / "crds")
+    namespace = f"plan-{uuid.uuid4().hex[:6]}"
+    client.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                  "metadata": {"name": namespace}})
+    for i in range(graphs):
+        client.request("POST", f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.GRAPH_PLURAL}",
+                       simulator_graph(f"g{i:04d}", namespace))
+    try:
+        planning = measure_planner(cluster=cluster, client=client, namespace=namespace, graphs=graphs,
+                                   folder=log_dir / f"planner-only-{graphs}", scrape_s=scrape_s)
+    finally:
+        client.request("DELETE", f"/api/v1/namespaces/{namespace}")
+    return {"variant": "planner only", "graphs": graphs, "planner": planning}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--graphs", default="100", help="comma-separated graph counts (default 100)")
@@ -498,6 +516,8 @@ def main() -> int:
     parser.add_argument("--scale-samples", type=int, default=20)
     parser.add_argument("--scrape-seconds", type=int, default=15, help="Prometheus' scrape interval (planner phase)")
     parser.add_argument("--no-planner", action="store_true", help="skip the planner phase")
+    parser.add_argument("--planner-only", action="store_true",
+                        help="only the planner phase, on graphs that have no pods (no operator runs)")
     parser.add_argument("--quick", action="store_true", help="10 graphs, 20-s rest, 5 scale samples (CI)")
     parser.add_argument("--compare-rev", default=None, help="also measure the operator of this git revision")
     parser.add_argument("--compare-graphs", default=None,
@@ -530,7 +550,11 @@ def main() -> int:
             variants.append(unpack_rev(args.compare_rev, Path(scratch)))
         try:
             compare_at = {int(n) for n in args.compare_graphs.split(",")} if args.compare_graphs else set(counts)
-            for graphs in counts:
+            for graphs in counts if args.planner_only else []:
+                rows.append(planner_only(cluster=cluster, client=client, graphs=graphs, log_dir=config.folder / "logs",
+                                         scrape_s=args.scrape_seconds))
+                print(f"  {json.dumps(rows[-1])}", flush=True)
+            for graphs in [] if args.planner_only else counts:
                 for variant in variants:
                     if variant.pythonpath is not None and graphs not in compare_at:
                         continue
@@ -546,6 +570,10 @@ def main() -> int:
             if not args.keep:
                 cluster.down(quiet=True)
 
+    if args.planner_only:
+        out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+        print(f"\nwrote {out}")
+        return 0
     header = (f"{'operator':16} {'graphs':>6} {'reconciled':>10} {'Ready':>7} {'RSS MB':>7} {'CPU cold':>8}"
               f" {'req cold':>8} {'req/s rest':>10} {'scale p50':>9} {'scale p99':>9}")
     print("\n" + header)

@@ -421,3 +421,42 @@ def test_an_apiserver_that_cannot_be_reached_costs_an_interval_not_the_planner()
     clock["now"] = 10.0
     asyncio.run(planner.tick())
     assert kube.statuses and {c["type"] for c in kube.statuses[-1]["conditions"]} >= {"PlannerActive"}
+
+
+def test_graphs_on_their_own_are_planned_side_by_side_and_budgeted_ones_in_turn() -> None:
+    """Each interval's writes wait on the apiserver: graphs without a shared budget overlap them (up to
+    PLAN_CONCURRENCY at once); graphs sharing a budget are planned one after the other."""
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+
+    class Slow(StatusRecorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inflight: dict[bool, int] = {False: 0, True: 0}
+            self.most: dict[bool, int] = {False: 0, True: 0}
+
+        async def apply(self, manifest: dict[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
+            shared = manifest["metadata"]["name"].startswith("shared")
+            self.inflight[shared] += 1
+            self.most[shared] = max(self.most[shared], self.inflight[shared])
+            await asyncio.sleep(0.01)
+            self.inflight[shared] -= 1
+            return await super().apply(manifest, subresource=subresource)
+
+    kube = Slow()
+    observer = Fixed(core.Observation(time=0.0, rate_rps=1.0, isl=2000, osl=200))
+    planner = live.LivePlanner(kube, observer, budgets={"team": 100}, clock=lambda: 0.0)  # type: ignore[arg-type]
+    planner._started = True
+    for watcher in planner._informers:
+        watcher.synced.set()
+    for name, budget in [(f"alone-{i}", None) for i in range(12)] + [(f"shared-{i}", "team") for i in range(3)]:
+        planner.graphs.upsert({
+            "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+            "metadata": {"name": name, "namespace": "ns", "generation": 1, "resourceVersion": "1"},
+            "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                     "components": {"prefill": {}, "decode": {}},
+                     "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
+                                 "fastPathSeconds": 0, **({"budget": budget} if budget else {})}}})
+    asyncio.run(planner.tick())
+    assert len(kube.statuses) == 15
+    assert kube.most == {False: live.PLAN_CONCURRENCY, True: 1}
