@@ -449,14 +449,14 @@ def test_graphs_on_their_own_are_planned_side_by_side_and_budgeted_ones_in_turn(
     planner._started = True
     for watcher in planner._informers:
         watcher.synced.set()
-    for name, budget in [(f"alone-{i}", None) for i in range(12)] + [(f"shared-{i}", "team") for i in range(3)]:
+    for name, shared in [(f"alone-{i}", None) for i in range(12)] + [(f"shared-{i}", "team") for i in range(3)]:
         planner.graphs.upsert({
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": name, "namespace": "ns", "generation": 1, "resourceVersion": "1"},
             "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
                      "components": {"prefill": {}, "decode": {}},
                      "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
-                                 "fastPathSeconds": 0, **({"budget": budget} if budget else {})}}})
+                                 "fastPathSeconds": 0, **({"budget": shared} if shared else {})}}})
     asyncio.run(planner.tick())
     assert len(kube.statuses) == 15
     assert kube.most == {False: live.PLAN_CONCURRENCY, True: 1}
