@@ -538,7 +538,10 @@ def main() -> int:
 
     nodes = math.ceil(max(counts) * GPUS_PER_GRAPH / 8) + 2
     port_base = int(os.environ.get("FLEETPILOT_CLUSTER_PORT_BASE", "28100")) + 500
-    config = devcluster.ClusterConfig(name="scale", port_base=port_base, nodes=nodes, audit_log=True)
+    # Hundreds of kwok nodes on a shared machine renew their leases late: a node declared NotReady has its
+    # pods marked not Ready for good (kwok sets Ready once), and the run would wait for them forever.
+    config = devcluster.ClusterConfig(name="scale", port_base=port_base, nodes=nodes, audit_log=True,
+                                      node_monitor_grace_s=600)
     cluster = devcluster.Cluster(config)
     cluster.up(reuse=False)
     client = Api(cluster)

@@ -60,6 +60,10 @@ class ClusterConfig:
     #: Pods carrying any of these (label, value) pairs are left to an external pod runner: kwok
     #: neither marks them Running nor deletes them. Empty (the default): kwok drives every pod.
     external_pod_labels: tuple[tuple[str, str], ...] = ()
+    #: How long a node may go without a heartbeat before it is NotReady (the controller-manager's
+    #: --node-monitor-grace-period; None: its default, 40 s). With hundreds of kwok nodes on a busy
+    #: machine the leases can lag that much, and nothing then makes the pods Ready again (no kubelet).
+    node_monitor_grace_s: float | None = None
     #: Write the apiserver's audit log (every request's user, agent, verb and resource, as JSON lines) to
     #: `logs/audit.log`: how benchmarks count the API requests one client makes.
     audit_log: bool = False
@@ -321,6 +325,8 @@ class Cluster:
             "--use-service-account-credentials=true",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--leader-elect=false",
+            *([f"--node-monitor-grace-period={self.config.node_monitor_grace_s:g}s"]
+              if self.config.node_monitor_grace_s else []),
         ])
 
     def _start_scheduler(self, kubeconfig: Path) -> None:
