@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -275,18 +276,26 @@ class _PrefillMix:
         return high
 
 
+@functools.lru_cache(maxsize=4096)
+def _erlang_c_one(servers: int, offered: float) -> float:
+    """Erlang C for one load, in plain floats (numpy per step is slower). Cached: a TTFT quantile's
+    bisection asks for the same pool and load at every step (a third of a live interval's planning time
+    went to recomputing it)."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    return servers * b / (servers - offered * (1.0 - b))
+
+
 def erlang_c(servers: int, offered: float | np.ndarray) -> np.ndarray:
     """The probability that an arrival waits in an M/M/c queue with `offered` Erlangs of load (an array
     of loads at once: Erlang B's recursion, then B → C)."""
-    if isinstance(offered, (int, float)):  # one load: the recursion in plain floats (numpy per step is slower)
-        if offered <= 0:
-            return np.asarray(0.0)
-        if offered >= servers:
-            return np.asarray(1.0)
-        b = 1.0
-        for k in range(1, servers + 1):
-            b = offered * b / (k + offered * b)
-        return np.asarray(servers * b / (servers - offered * (1.0 - b)))
+    if isinstance(offered, (int, float)):
+        return np.asarray(_erlang_c_one(servers, float(offered)))
     offered = np.asarray(offered, dtype=float)
     blocking = np.ones_like(offered)
     for k in range(1, servers + 1):
