@@ -193,23 +193,26 @@ class AuditCount:
         return self.total / seconds if seconds > 0 else math.nan
 
 
-def count_requests(audit_log: Path, *, user: str, start: datetime.datetime, end: datetime.datetime) -> AuditCount:
-    """Requests (one per auditID) whose user is `user` and that the apiserver received in [start, end)."""
+def count_requests(audit_logs: list[Path], *, user: str, start: datetime.datetime,
+                   end: datetime.datetime) -> AuditCount:
+    """Requests (one per auditID) whose user is `user` and that the apiserver received in [start, end),
+    over the audit log and its rotated parts."""
     seen: set[str] = set()
     count = AuditCount()
-    with audit_log.open() as lines:
-        for line in lines:
-            event = json.loads(line)
-            if event.get("user", {}).get("username") != user or event["auditID"] in seen:
-                continue
-            received = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"])
-            if not start <= received < end:
-                continue
-            seen.add(event["auditID"])
-            ref = event.get("objectRef", {})
-            resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-            count.total += 1
-            count.by_call[f"{event['verb']} {resource}"] += 1
+    for path in audit_logs:
+        with path.open() as lines:
+            for line in lines:
+                event = json.loads(line)
+                if event.get("user", {}).get("username") != user or event["auditID"] in seen:
+                    continue
+                received = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"])
+                if not start <= received < end:
+                    continue
+                seen.add(event["auditID"])
+                ref = event.get("objectRef", {})
+                resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+                count.total += 1
+                count.by_call[f"{event['verb']} {resource}"] += 1
     return count
 
 
@@ -459,8 +462,8 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         except subprocess.TimeoutExpired:
             operator.kill()
     time.sleep(2)  # the audit log is written in batches, at most a second late
-    cold = count_requests(cluster.audit_log, user=USER, start=cold_start, end=cold_end)
-    rest = count_requests(cluster.audit_log, user=USER, start=rest_start, end=rest_end)
+    cold = count_requests(cluster.audit_logs(), user=USER, start=cold_start, end=cold_end)
+    rest = count_requests(cluster.audit_logs(), user=USER, start=rest_start, end=rest_end)
     planning = None
     if planner:
         print(f"  [{variant.label}] {graphs} graphs: the planner over all of them", flush=True)
@@ -473,6 +476,8 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         "variant": variant.label,
         "graphs": graphs,
         "pods": graphs * PODS_PER_GRAPH,
+        "windows": {"cold": [cold_start.isoformat(), cold_end.isoformat()],
+                    "rest": [rest_start.isoformat(), rest_end.isoformat()]},
         "all_reconciled_s": round(t_reconciled, 1),
         "all_ready_s": round(t_ready, 1),
         "peak_rss_mb": round(rss, 1),
