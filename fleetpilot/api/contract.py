@@ -22,6 +22,9 @@ LABEL_COMPONENT = "fleetpilot.dev/component"
 LABEL_FRAMEWORK = "fleetpilot.dev/framework"
 #: Set on the dev cluster's kwok nodes.
 LABEL_SIMULATED_NODE = "fleetpilot.dev/simulated-node"
+#: The generation of a worker pod: a short hash of what makes its KV cache compatible with another's
+#: (engine, image, model, arguments). The frontend pairs a prefill and a decode of one generation only.
+LABEL_GENERATION = "fleetpilot.dev/generation"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -42,11 +45,25 @@ BURST_WINDOW_S = 5.0
 #: backtest histograms a trace's requests with the same bounds.
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, math.inf)
 
+#: Requests a frontend holds because no worker could take them yet (a pool at zero, starting): the
+#: demand the planner wakes a pool scaled to zero for, read from the frontends directly.
+HELD_METRIC = "fleetpilot_frontend_held_requests"
+#: Seconds since a frontend last received a request (since it started, before the first): the
+#: planner's idle clock for scale to zero.
+IDLE_METRIC = "fleetpilot_frontend_seconds_since_last_request"
+#: Requests in flight per worker pod as a frontend counts them (label `worker`: the pod's name): the
+#: operator removes the least loaded replica first on a scale-down.
+WORKER_LOAD_METRIC = "fleetpilot_frontend_worker_inflight_requests"
+INFLIGHT_METRIC = "fleetpilot_frontend_inflight_requests"
+
 # -- annotations -----------------------------------------------------------------------------------
 
 #: A digest of the manifest the operator last applied to a child: a child whose digest and fields
 #: still match what the graph asks for needs no write.
 ANNOTATION_APPLIED = "fleetpilot.dev/applied-digest"
+#: Kubernetes' own: of a ReplicaSet's Ready pods, the one with the lowest cost is removed first on a
+#: scale-down. The operator sets it from the frontends' per-worker load before lowering replicas.
+ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 # -- identities: field managers, Lease names, Event sources ----------------------------------------
 
@@ -71,6 +88,11 @@ def child_name(graph: str, component: str) -> str:
 
 def graph_selector(graph: str) -> dict[str, str]:
     return {LABEL_GRAPH: graph}
+
+
+def generation_child_name(graph: str, component: str, generation: str) -> str:
+    """`<graph>-<component>-<generation>`: a worker component's Deployment and PDB of one generation."""
+    return f"{graph}-{component}-{generation}"
 
 
 def pod_http_url(pod: dict[str, Any], *, default_port: int = 8000) -> str | None:
