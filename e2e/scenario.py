@@ -117,7 +117,7 @@ class ClosedLoop:
         for name, low, high in self.bounds:
             components[name] = {"replicas": low, "gpus": 1, "scaling": {"min": low, "max": high}}
         # A decode pod drains its streams on SIGTERM; give it longer than the longest generation.
-        components["decode"]["args"] = ["--shutdown-timeout", "110"]
+        components["decode"]["drainSeconds"] = 110
         return {
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": self.graph, "namespace": self.namespace},
@@ -205,13 +205,18 @@ def write_trace(scenario: ClosedLoop, path: Path) -> Path:
 # -- the timeline -------------------------------------------------------------------------------------------
 
 
+def admin_http(server: str, pki: Path) -> httpx.Client:
+    """An HTTP client to the apiserver as the cluster's admin (faster than kubectl for sampling)."""
+    tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return httpx.Client(base_url=server, verify=tls, timeout=5.0)
+
+
 class Sampler:
     """Samples the graph's components and planner status every `every_s` in a thread (admin identity)."""
 
     def __init__(self, *, server: str, pki: Path, scenario: ClosedLoop, every_s: float = 2.0) -> None:
-        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        self.http = httpx.Client(base_url=server, verify=tls, timeout=5.0)
+        self.http = admin_http(server, pki)
         self.scenario = scenario
         self.every_s = every_s
         self.samples: list[dict[str, Any]] = []

@@ -284,3 +284,69 @@ def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quanti
     # 9 to 12, both steps of the first three and the first step of the last.
     assert core.SCORED_FROM_INTERVALS == 10
     assert len(memory.forecast_calibration["requests"].hits[0.5]) == 7
+
+
+# -- scale to zero and back, and the hold during a rollout ----------------------------------------------------
+
+
+def zero_planner(monkeypatch: Any, *, held: float, idle_s: float, replicas: int,
+                 rollout: str | None = None) -> tuple[live.LivePlanner, Recorder, dict[str, Any]]:
+    from fleetpilot.api import contract
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import frontends
+
+    kube = Recorder()
+    planner = live.LivePlanner(kube, Queues(None))  # type: ignore[arg-type]
+    body: dict[str, Any] = {
+        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND, "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                 "components": {"prefill": {"replicas": 1, "scaling": {"min": 0, "max": 4}},
+                                "decode": {"replicas": 1, "scaling": {"min": 1, "max": 4}}},
+                 "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "idleSeconds": 300}}}
+    if rollout:
+        body["status"] = {"rollout": {"target": "abc", "phase": rollout}}
+    for pool in ("prefill", "decode"):
+        planner.components.upsert({"kind": api.COMPONENT_KIND, "metadata": {
+            "name": f"g-{pool}", "namespace": "ns", "resourceVersion": "1"}, "spec": {"replicas": replicas}})
+    planner.frontend_pods.upsert({"kind": "Pod", "metadata": {
+        "name": "g-frontend-1", "namespace": "ns", "resourceVersion": "1",
+        "labels": {contract.LABEL_GRAPH: "g", contract.LABEL_COMPONENT: "frontend"}},
+        "status": {"podIP": "127.9.9.9", "conditions": [{"type": "Ready", "status": "True"}]}})
+    text = (f'{contract.HELD_METRIC}{{model="m"}} {held}\n{contract.IDLE_METRIC}{{model="m"}} {idle_s}\n'
+            f'{contract.INFLIGHT_METRIC}{{model="m"}} {held}\n')
+
+    async def read_texts(client: Any, urls: list[str]) -> list[str]:
+        assert urls == ["http://127.9.9.9:8000"]
+        return [text]
+
+    monkeypatch.setattr(frontends, "read_texts", read_texts)
+    return planner, kube, body
+
+
+def test_a_held_request_wakes_the_pools_at_zero_at_once(monkeypatch: Any) -> None:
+    planner, kube, body = zero_planner(monkeypatch, held=2, idle_s=0, replicas=0)
+    assert asyncio.run(planner.wake_or_sleep(body)) == {"prefill": 1}  # decode's min is 1: never at zero
+    assert kube.patches == [("g-prefill", {"spec": {"replicas": 1}})]
+    assert kube.events[0].startswith("WokenUp: prefill 0→1: 2 request(s) held")
+    assert planner.asleep[("ns", "g")] is False
+
+
+def test_after_the_idle_window_the_pools_that_may_sleep_go_to_zero(monkeypatch: Any) -> None:
+    planner, kube, body = zero_planner(monkeypatch, held=0, idle_s=301, replicas=2)
+    assert asyncio.run(planner.wake_or_sleep(body)) == {"prefill": 0}
+    assert kube.events[0].startswith("ScaledToZero: prefill 2→0: no request for 301 s")
+    assert planner.asleep[("ns", "g")] is True
+    # The interval's plan stands aside while asleep: it never sizes below one replica.
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+
+    plan = core.Plan(replicas={"prefill": 1, "decode": 1}, reasons=["sized"], data_ok=True,
+                     observed=core.Observation(time=0.0))
+    asleep = live._asleep(plan, api.DynamoGraph.model_validate(body))
+    assert asleep.replicas == {"prefill": 0, "decode": 1} and asleep.binding["prefill"] == "idle"
+
+
+def test_nothing_scales_to_zero_or_wakes_during_a_rollout(monkeypatch: Any) -> None:
+    planner, kube, body = zero_planner(monkeypatch, held=0, idle_s=900, replicas=2, rollout="Progressing")
+    assert asyncio.run(planner.wake_or_sleep(body)) == {} and not kube.patches
+    assert live.rolling_out(body) and not live.rolling_out({**body, "status": {"rollout": {"phase": "Stalled"}}})
