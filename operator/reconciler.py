@@ -20,10 +20,11 @@ import httpx
 import pydantic
 
 from fleetpilot import kube as kube_mod
+from fleetpilot import scrape
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import cache as cache_mod
-from fleetpilot.operator import drift, loads, metrics, render, rollout, scaledown, status, workqueue
+from fleetpilot.operator import drift, metrics, render, rollout, scaledown, status, workqueue
 
 logger = logging.getLogger("fleetpilot.operator")
 
@@ -193,7 +194,7 @@ class GraphReconciler:
                                             generation=target if component != "frontend" else None):
                 key = (manifest["kind"], manifest["metadata"]["name"])
                 keep.add(key)
-                if manifest["kind"] == "Deployment":
+                if manifest["kind"] == "Deployment" and component != "frontend":
                     await self._before_scale_down(graph, children.get(key), size, pods)
                 applied = await self._apply_owned(manifest, owner, children.get(key))
                 if manifest["kind"] == "Deployment":
@@ -244,7 +245,9 @@ class GraphReconciler:
     async def _before_scale_down(self, graph: api.DynamoGraph, deployment: Manifest | None, replicas: int,
                                  pods: list[Manifest]) -> None:
         """Before a Deployment shrinks: mark its least loaded Ready pods as the cheapest to delete
-        (scaledown.py), from the requests in flight the frontends count per worker."""
+        (scaledown.py), from the requests in flight every Ready frontend counts per worker, read from
+        their /metrics now (fleetpilot.scrape); a frontend that does not answer leaves the choice to
+        the ReplicaSet."""
         if deployment is None or int(deployment.get("spec", {}).get("replicas", 0)) <= replicas:
             return
         selector = deployment.get("spec", {}).get("selector", {}).get("matchLabels", {})
@@ -254,10 +257,12 @@ class GraphReconciler:
                      and (url := contract.pod_http_url(p)) is not None]
         if self._http is None:
             self._http = httpx.AsyncClient()
-        load = await loads.read(self._http, frontends)
-        if load is None:
+        texts = await scrape.read_texts(self._http, frontends)
+        if texts is None:
+            logger.info("%s/%s: a frontend did not answer; the ReplicaSet picks the replica of %s to remove",
+                        graph.metadata.namespace, graph.metadata.name, deployment["metadata"]["name"])
             return
-        costs = scaledown.deletion_costs(mine, load)
+        costs = scaledown.deletion_costs(mine, scrape.sum_by_label(texts, contract.WORKER_LOAD_METRIC, "worker"))
         for pod_name, cost in scaledown.stale(mine, costs).items():
             try:
                 patched = await self.kube.patch("Pod", graph.metadata.namespace, pod_name, {

@@ -8,37 +8,26 @@ Pods (one label-selected watch per namespace) and, when the fast path runs, read
 /metrics. A reading is all or nothing: one frontend that does not answer in time makes it incomplete,
 and the caller falls back to Prometheus.
 
-`gauges_from_expositions` is pure (text in, gauges out); `read_gauges` is the HTTP adapter around it.
+`gauges_from_expositions` and `demand_from_expositions` are pure (text in, numbers out); `read_gauges` and
+`fleetpilot.scrape.read_texts` are the HTTP around them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Iterable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetpilot import scrape
 from fleetpilot.api import contract
 from fleetpilot.planner import zero
 from fleetpilot.planner.observe import EngineGauges
 
-logger = logging.getLogger("fleetpilot.planner")
-
-READ_TIMEOUT_S = 1.0  # a frontend slower than this is busy: Prometheus' older reading will do
-
 
 def phases(exposition: str) -> dict[str, float] | None:
     """Requests per phase in one frontend's /metrics text (summed over models), or None without the metric."""
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(exposition):
-        if family.name != contract.PHASE_METRIC:
-            continue
-        for sample in family.samples:
-            phase = sample.labels.get("phase", "")
-            counts[phase] = counts.get(phase, 0.0) + sample.value
-    return counts or None
+    return scrape.sum_by_label([exposition], contract.PHASE_METRIC, "phase") or None
 
 
 def gauges_from_expositions(expositions: Iterable[str]) -> EngineGauges | None:
@@ -82,24 +71,7 @@ def demand_from_expositions(expositions: Iterable[str]) -> zero.Demand | None:
     return zero.Demand(held=held, inflight=inflight, idle_s=idle)
 
 
-async def read_texts(client: httpx.AsyncClient, urls: list[str]) -> list[str] | None:
-    """Every frontend's /metrics text, asked at once; None unless all of them answered."""
-
-    async def one(url: str) -> str | None:
-        try:
-            response = await client.get(url + "/metrics", timeout=READ_TIMEOUT_S)
-        except httpx.HTTPError as error:
-            logger.debug("frontend %s did not answer /metrics: %r", url, error)
-            return None
-        return response.text if response.status_code == 200 else None
-
-    texts = await asyncio.gather(*(one(url) for url in urls))
-    if any(text is None for text in texts):
-        return None
-    return [text for text in texts if text is not None]
-
-
 async def read_gauges(client: httpx.AsyncClient, urls: list[str]) -> EngineGauges | None:
     """GET every frontend's /metrics at once; None unless there was one and all of them answered."""
-    texts = await read_texts(client, urls)
+    texts = await scrape.read_texts(client, urls)
     return None if texts is None else gauges_from_expositions(texts)

@@ -24,7 +24,7 @@ import httpx
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
 
-from fleetpilot import informer, perfmodel
+from fleetpilot import informer, perfmodel, scrape
 from fleetpilot import kube as kube_mod
 from fleetpilot.api import contract
 from fleetpilot.api import profile as profiles
@@ -418,7 +418,7 @@ class LivePlanner:
         urls = [url for pod in pods if (url := contract.pod_http_url(pod)) is not None]
         if self._http is None:
             self._http = httpx.AsyncClient()
-        texts = await frontends.read_texts(self._http, urls) if urls else None
+        texts = await scrape.read_texts(self._http, urls)
         demand = None if texts is None else frontends.demand_from_expositions(texts)
         if demand is None:
             self.asleep.pop(key, None)  # unknown: never sleep on a guess

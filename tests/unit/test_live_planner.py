@@ -291,9 +291,9 @@ def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quanti
 
 def zero_planner(monkeypatch: Any, *, held: float, idle_s: float, replicas: int,
                  rollout: str | None = None) -> tuple[live.LivePlanner, Recorder, dict[str, Any]]:
+    from fleetpilot import scrape
     from fleetpilot.api import contract
     from fleetpilot.api import v1alpha1 as api
-    from fleetpilot.planner import frontends
 
     kube = Recorder()
     planner = live.LivePlanner(kube, Queues(None))  # type: ignore[arg-type]
@@ -319,7 +319,7 @@ def zero_planner(monkeypatch: Any, *, held: float, idle_s: float, replicas: int,
         assert urls == ["http://127.9.9.9:8000"]
         return [text]
 
-    monkeypatch.setattr(frontends, "read_texts", read_texts)
+    monkeypatch.setattr(scrape, "read_texts", read_texts)
     return planner, kube, body
 
 

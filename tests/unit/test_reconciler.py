@@ -224,7 +224,8 @@ def change_engine(fake: FakeApi) -> dict[str, Any]:
     return change
 
 
-def test_an_engine_change_starts_a_new_generation_beside_the_old() -> None:
+def engine_changed() -> tuple[FakeApi, reconciler.GraphReconciler, dict[str, Any]]:
+    """A graph all Ready on its first generation, then an engine change reconciled once."""
     fake, graphs = setup()
     asyncio.run(graphs.reconcile("ns", "g"))
     for component in ("prefill", "decode"):
@@ -232,6 +233,11 @@ def test_an_engine_change_starts_a_new_generation_beside_the_old() -> None:
     change = change_engine(fake)
     fake.calls.clear()
     asyncio.run(graphs.reconcile("ns", "g"))
+    return fake, graphs, change
+
+
+def test_an_engine_change_starts_a_new_generation_beside_the_old() -> None:
+    fake, _, change = engine_changed()
     # One surge replica per component on the new generation; the old keeps all of its replicas.
     created = {name for verb, kind, name in fake.writes() if verb == "create"}
     assert created == {f"{deployment(c, change)}" for c in ("prefill", "decode")}, fake.writes()
@@ -247,12 +253,7 @@ def test_an_engine_change_starts_a_new_generation_beside_the_old() -> None:
 
 
 def test_the_old_generation_drains_as_the_new_one_becomes_ready_then_goes() -> None:
-    fake, graphs = setup()
-    asyncio.run(graphs.reconcile("ns", "g"))
-    for component in ("prefill", "decode"):
-        ready(fake, deployment(component))
-    change = change_engine(fake)
-    asyncio.run(graphs.reconcile("ns", "g"))
+    fake, graphs, change = engine_changed()
     for component in ("prefill", "decode"):
         ready(fake, deployment(component, change))
     asyncio.run(graphs.reconcile("ns", "g"))
@@ -279,12 +280,7 @@ def test_the_old_generation_drains_as_the_new_one_becomes_ready_then_goes() -> N
 
 
 def test_a_crash_looping_new_generation_stalls_and_the_old_keeps_serving() -> None:
-    fake, graphs = setup()
-    asyncio.run(graphs.reconcile("ns", "g"))
-    for component in ("prefill", "decode"):
-        ready(fake, deployment(component))
-    change = change_engine(fake)
-    asyncio.run(graphs.reconcile("ns", "g"))
+    fake, graphs, change = engine_changed()
     fake.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": f"{deployment('decode', change)}-abc", "namespace": "ns",
         "labels": {contract.LABEL_GRAPH: "g", contract.LABEL_COMPONENT: "decode",
