@@ -429,7 +429,8 @@ def test_operator_rbac_is_exactly_what_it_uses() -> None:
         ("policy", "poddisruptionbudgets"): writes,
         ("rbac.authorization.k8s.io", "roles"): writes,
         ("rbac.authorization.k8s.io", "rolebindings"): writes,
-        ("", "pods"): {"get", "list", "watch"},
+        # patch: the pod-deletion-cost written before a scale-down (operator/scaledown.py).
+        ("", "pods"): {"get", "list", "watch", "patch"},
         ("", "events"): {"create"},
     }
     assert _grants(_rules(docs, "fleetpilot-operator-cluster")) == {
