@@ -161,13 +161,14 @@ def test_scale_down_under_load_fails_no_stream(harness: harness_mod.Harness, res
             graph.kubectl.run("scale", f"dgc/{s.graph}-prefill", "--replicas=1", "-n", s.namespace)
 
             def terminating() -> dict[str, dict[str, Any]]:
-                found = {p["metadata"]["name"]: p for p in pods(http, s.namespace, s.graph)
-                         if p["metadata"].get("deletionTimestamp")}
-                by_role = [role(p) for p in found.values()]
-                return found if by_role.count("decode") == 2 and by_role.count("prefill") == 2 else {}
+                """Every pod once two decode and two prefill pods terminate (the costs written on all)."""
+                found = {p["metadata"]["name"]: p for p in pods(http, s.namespace, s.graph)}
+                going = [role(p) for p in found.values() if p["metadata"].get("deletionTimestamp")]
+                return found if going.count("decode") == 2 and going.count("prefill") == 2 else {}
 
-            going = harness_mod.wait_for(terminating, timeout=30, interval=0.2,
-                                         what="two decode and two prefill pods terminating")
+            at_scale_down = harness_mod.wait_for(terminating, timeout=30, interval=0.2,
+                                                 what="two decode and two prefill pods terminating")
+            going = {name: p for name, p in at_scale_down.items() if p["metadata"].get("deletionTimestamp")}
             drained = harness_mod.wait_for(
                 lambda: not any(name in going for name in (p["metadata"]["name"] for p in
                                                            pods(http, s.namespace, s.graph))) and time.time(),
@@ -187,11 +188,13 @@ def test_scale_down_under_load_fails_no_stream(harness: harness_mod.Harness, res
     choice = {}
     for component in WORKERS:
         costs = {name: int(p["metadata"].get("annotations", {}).get(contract.ANNOTATION_DELETION_COST, -1))
-                 for name, p in going.items() if role(p) == component}
-        kept = {name for name, p in before.items() if role(p) == component and name not in going}
-        choice[component] = {"removed": costs, "kept": sorted(kept)}
+                 for name, p in at_scale_down.items() if role(p) == component and name in before}
+        removed = {name: cost for name, cost in costs.items() if name in going}
+        kept = {name: cost for name, cost in costs.items() if name not in going}
+        choice[component] = {"removed": removed, "kept": kept}
         assert all(cost >= 0 for cost in costs.values()), f"no deletion cost written on {component}: {costs}"
         assert len(kept) == (2 if component == "decode" else 1), choice
+        assert max(removed.values()) <= min(kept.values()), f"a busier {component} replica went: {choice}"
     summary |= {"inflight_at_scale_down": inflight, "removed_pods": choice,
                 "drained_in_s": round(drained - scaled_at, 1)}
     (results / "zero_downtime_drain.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -378,7 +381,9 @@ def test_scale_to_zero_then_a_burst_is_served(harness: harness_mod.Harness, resu
         full = asyncio.run(queue_full(url, s.served_model, queue))
         summary["queue_full"] = full
 
-        # With nobody to wake the workers (planner off), a held request times out: 503 with Retry-After.
+        # With nobody to wake the workers (planner off, once asleep), a held request times out: 503 with
+        # Retry-After.
+        harness_mod.wait_for(at_zero, timeout=120, what="back to zero after the queue-full burst")
         graph.update(lambda m: (m["spec"]["planner"].update(mode="off"),
                                 m["spec"]["components"]["frontend"].update(holdSeconds=3)))
         url = harness_mod.wait_for(lambda: frontend_with_hold(http, s.namespace, s.graph, 3), timeout=120,
