@@ -272,6 +272,16 @@ class _Generation:
     mode: scheduler.Mode
     stream: engine.RequestStream
     sampler: TextSampler = dataclasses.field(default_factory=TextSampler)
+    pull: asyncio.Task[str | None] | None = None  # the KV pull from the prefill worker, under way
+
+    async def pulled(self) -> str | None:
+        """None once the KV cache is being pulled (or there is nothing to pull), else why it cannot be;
+        a failed pull cancels the engine's request."""
+        failed = None if self.pull is None else await self.pull
+        if failed is not None:
+            self.stream.cancel()
+            logger.warning("request %s: %s", self.request_id, failed)
+        return failed
 
     def kv_transfer_params(self, event: scheduler.TokenEvent, config: ServerConfig) -> dict[str, Any] | None:
         if self.mode is not scheduler.Mode.PREFILL_ONLY or not event.finished:
@@ -392,14 +402,12 @@ class _Service:
             return _error(str(error))
         except engine.EngineStopped as error:
             return _error(str(error), kind="ServiceUnavailableError", code=503)
-        if mode is scheduler.Mode.REMOTE_PREFILL and isinstance(params, dict):
-            failed = await self._pull(params)
-            if failed is not None:
-                stream.cancel()
-                logger.warning("request %s: %s", request_id, failed)
-                return _error(failed, kind="KVTransferError", code=502)
         generation = _Generation(request_id, chat, self.config.served_model, int(time.time()), mode, stream,
                                  TextSampler.from_body(body))
+        if mode is scheduler.Mode.REMOTE_PREFILL and isinstance(params, dict):
+            # The pull runs beside the engine's modelled transfer, as NIXL's read does: only the first
+            # token waits for it (`_pulled`).
+            generation.pull = asyncio.create_task(self._pull(params))
         if body.get("stream"):
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -408,6 +416,11 @@ class _Service:
 
     async def _sse(self, gen: _Generation, *, include_usage: bool) -> AsyncIterator[str]:
         produced = 0
+        failed = await gen.pulled()
+        if failed is not None:
+            yield _sse_line(error_body(failed, kind="KVTransferError", code=502))
+            yield "data: [DONE]\n\n"
+            return
         try:
             async with gen.stream:
                 async for event in gen.stream:
@@ -441,6 +454,9 @@ class _Service:
 
         pieces: list[str] = []
         stopped: str | None = None
+        failed = await gen.pulled()
+        if failed is not None:
+            return _error(failed, kind="KVTransferError", code=502)
 
         async def consume() -> list[scheduler.TokenEvent]:
             nonlocal stopped

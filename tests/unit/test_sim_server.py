@@ -354,6 +354,9 @@ def test_a_decode_worker_cannot_pull_from_a_prefill_worker_that_is_gone() -> Non
             "model": MODEL, "prompt": words(100), "max_tokens": 5, "kv_transfer_params": params})
         assert response.status_code == 502, response.text
         assert "prefill worker" in response.json()["error"]["message"]
+        events = stream_all(decode.url + "/v1/completions", {  # streaming: the error before any token
+            "model": MODEL, "prompt": words(100), "max_tokens": 5, "stream": True, "kv_transfer_params": params})
+        assert events[0]["error"]["type"] == "KVTransferError" and events[-1] == "[DONE]"
         assert decode.metric("vllm:num_requests_running") == 0  # nothing left behind
 
 
