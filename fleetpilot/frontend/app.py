@@ -55,9 +55,14 @@ logger = logging.getLogger("fleetpilot.frontend")
 
 QUARANTINE_SECONDS = 5.0
 TOKENIZE_TIMEOUT_S = 5.0
-# Failures before any byte came back, worth another worker: refused, or a kept-alive connection the
-# worker closed as it went away (it drains, then closes what is idle; the request never reached it).
-CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+# Failures before any byte of the answer came back, worth another worker: refused, or a kept-alive
+# connection the worker closed or reset as the request went out (it drains and closes what is idle, or
+# its keep-alive timeout struck): the request never reached an engine, or reached one that is gone.
+REFUSED = (httpx.ConnectError, httpx.ConnectTimeout)
+CONNECT_ERRORS = (*REFUSED, httpx.RemoteProtocolError, httpx.ReadError)
+#: Idle upstream connections are closed before the workers' own keep-alive timeout (uvicorn's 5 s),
+#: so the frontend never sends on a connection the worker is closing at that moment.
+KEEPALIVE_EXPIRY_S = 4.0
 #: What a 503 tells a client to wait before it tries again: about what a held request would have
 #: waited for a replica to start, short enough that a client retrying sees the workers come up.
 RETRY_AFTER_S = 10
@@ -194,7 +199,8 @@ class Frontend:
         self.draining = False
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout, connect=3.0),
-            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512),
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
 
     def _worker_loads(self) -> dict[str, int]:
@@ -294,9 +300,10 @@ class Frontend:
             try:
                 return await attempt(worker)
             except CONNECT_ERRORS as error:
-                logger.warning("request %s: %s worker %s unreachable (%s); trying another", request_id, role,
+                logger.warning("request %s: %s worker %s unreachable (%r); trying another", request_id, role,
                                worker.url, error)
-                self.quarantined[worker.url] = time.monotonic() + QUARANTINE_SECONDS
+                if isinstance(error, REFUSED):  # nothing listens: keep away a while; a reset is one connection's
+                    self.quarantined[worker.url] = time.monotonic() + QUARANTINE_SECONDS
                 last = error
             finally:
                 self.load[worker.url] -= 1
