@@ -40,8 +40,9 @@ BUSY_GAUGES = {
     "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
     "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
 }
-# Polls the engine's /metrics until the gauges above sum to 0 (or the drain time passes); Python is
-# in every engine image, curl is not.
+# Polls the engine's /metrics until the gauges above sum to 0 (or the drain time passes), then waits
+# a little longer for KV transfers to decode workers, which those gauges do not count. Python is in
+# every engine image, curl is not.
 _WAIT_IDLE = """\
 import sys, time, urllib.request
 port, limit, names = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), sys.argv[3:]
@@ -52,6 +53,7 @@ while time.monotonic() < limit:
         break
     busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] in names)
     if busy == 0:
+        time.sleep(max(0.0, min(5.0, limit - time.monotonic())))
         break
     time.sleep(1)
 """

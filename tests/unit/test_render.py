@@ -735,3 +735,41 @@ def test_a_graph_that_may_scale_to_zero_holds_requests_in_its_frontend() -> None
     explicit = _changed(SAMPLES["sim-disagg"], "components.frontend", {"holdSeconds": 30, "holdQueue": 20})
     args = _frontend_args(explicit)
     assert args[args.index("--hold-seconds") + 1] == "30" and args[args.index("--hold-queue") + 1] == "20"
+
+
+def test_the_drain_hook_waits_until_the_engine_has_nothing_left() -> None:
+    """The preStop script itself, against a /metrics that says busy twice and then idle."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    answers: list[str] = []
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            running = 3 if len(answers) < 2 else 0
+            answers.append(f"running={running}")
+            body = (f'# HELP vllm:num_requests_running x\nvllm:num_requests_running{{model_name="m"}} {running}.0\n'
+                    'vllm:num_requests_waiting{model_name="m"} 0.0\nvllm:other 5.0\n').encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hook = render.drain_hook("vllm", 1)
+        assert hook is not None
+        command = hook["exec"]["command"]
+        # The port is the pod's; here the test server's. 60 s to drain: it stops polling once idle, then
+        # waits 5 s for KV transfers the gauges do not count.
+        argv = [sys.executable, *command[1:3], str(server.server_address[1]), "60", *command[5:]]
+        finished = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    finally:
+        server.shutdown()
+    assert finished.returncode == 0, finished.stderr
+    assert answers == ["running=3", "running=3", "running=0"]  # polled until idle, then stopped polling
