@@ -12,6 +12,12 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 APPLIES = Counter("fleetpilot_operator_applies_total", "Objects created or applied server-side, by kind.", ["kind"])
+GROUP_ACTIONS = Counter(
+    "fleetpilot_operator_group_actions_total",
+    "Writes for multinode groups, by action: create-workers, admit, record-members, restart, release, "
+    "delete-stale-workers.",
+    ["action"],
+)
 QUEUE_DEPTH = Gauge("fleetpilot_operator_queue_depth", "Graphs waiting to be reconciled.")
 GRAPH_CONDITION = Gauge(
     "fleetpilot_operator_graph_condition",

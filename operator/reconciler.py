@@ -12,7 +12,9 @@ sends no request at all, so a thousand Ready graphs cost the API nothing between
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +26,7 @@ from fleetpilot import scrape
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import cache as cache_mod
-from fleetpilot.operator import drift, metrics, render, rollout, scaledown, status, workqueue
+from fleetpilot.operator import drift, groups, metrics, render, rollout, scaledown, status, workqueue
 
 logger = logging.getLogger("fleetpilot.operator")
 
@@ -180,6 +182,17 @@ class GraphReconciler:
         target = render.generation_of(graph, self.settings)
         deployments: dict[str, dict[str, Manifest]] = {c: rollout_deployments(children, owners[c].uid)
                                                         for c in workers}
+        # Multinode components: form, heal and release their groups, and count them whole (groups.py).
+        group_plans: dict[str, groups.Plan] = {}  # by leader StatefulSet name
+        released: dict[str, dict[str, float]] = {}
+        group_problems: list[str] = []
+        for component in workers:
+            if render.is_multinode(graph, component):
+                released[component] = await self._tend_groups(
+                    graph, component, deployments[component], dgcs[component], children, pods, group_plans,
+                    group_problems)
+                deployments[component] = {g: groups.summary(d, group_plans[d["metadata"]["name"]])
+                                          for g, d in deployments[component].items()}
         generations = rollout_generations(deployments)
         stalled = rollout_stall(target, deployments, pods, graph.status.rollout, generations)
         plan = rollout.plan(target, {c: replicas[c] for c in workers}, generations, stalled=stalled)
@@ -199,6 +212,8 @@ class GraphReconciler:
                 applied = await self._apply_owned(manifest, owner, children.get(key))
                 if manifest["kind"] == "Deployment":
                     deployment = applied
+                elif manifest["kind"] == "StatefulSet":  # a multinode component's leaders: counted in groups
+                    deployment = groups.summary(applied, group_plans.get(applied["metadata"]["name"], groups.Plan()))
             if component != "frontend":
                 # Older generations: only their replicas change (their pod template is the spec they
                 # were made from, which the graph no longer holds); gone once drained.
@@ -206,14 +221,18 @@ class GraphReconciler:
                 for generation_name, old in deployments[component].items():
                     if generation_name == target or generation_name in plan.delete:
                         continue
-                    keep.update({("Deployment", old["metadata"]["name"]),
+                    keep.update({(old["kind"], old["metadata"]["name"]),
                                  ("PodDisruptionBudget", old["metadata"]["name"])})
                     current.append(await self._scale_old(graph, old, plan.replicas[generation_name][component], pods))
                 deployment = rollout_aggregate(current, target)
-            await self._write_component_status(dgcs[component], deployment)
+            await self._write_component_status(
+                dgcs[component], deployment, selector=render.scale_selector(graph, component),
+                nodes=render.nodes_of(graph, component) if component in released else None,
+                released=released.get(component))
             observed.append(status.ComponentObservation(
                 name=component, desired=replicas[component], deployment=deployment,
                 clamped_from=requested[component] if requested[component] != replicas[component] else None,
+                nodes=render.nodes_of(graph, component),
             ))
 
         await self._prune(graph, uid, components, children, keep, wanted)
@@ -227,7 +246,7 @@ class GraphReconciler:
             )
             capacity = status.gpu_capacity(nodes, bound)
         return status.Observation(generation=graph.metadata.generation, components=observed, pods=pods,
-                                  capacity=capacity,
+                                  capacity=capacity, group_problems=group_problems,
                                   rollout=rollout_status(target, plan, generations, workers, stalled) if workers else None)
 
     async def _scale_old(self, graph: api.DynamoGraph, deployment: Manifest, replicas: int,
@@ -235,12 +254,103 @@ class GraphReconciler:
         """An older generation's Deployment to `replicas` (a merge patch of that one field)."""
         if int(deployment.get("spec", {}).get("replicas", 0)) == replicas:
             return deployment
-        await self._before_scale_down(graph, deployment, replicas, pods)
+        kind = deployment.get("kind", "Deployment")
+        if kind == "Deployment":
+            await self._before_scale_down(graph, deployment, replicas, pods)
         meta = deployment["metadata"]
-        metrics.APPLIES.labels("Deployment").inc()
-        patched = await self.kube.patch("Deployment", meta["namespace"], meta["name"], {"spec": {"replicas": replicas}})
+        metrics.APPLIES.labels(kind).inc()
+        patched = await self.kube.patch(kind, meta["namespace"], meta["name"], {"spec": {"replicas": replicas}})
         self.cache.remember(patched)
+        if kind == "StatefulSet":  # counted in groups, as the summary it replaces
+            return {**patched, "status": deployment.get("status", {})}
         return patched
+
+    async def _tend_groups(self, graph: api.DynamoGraph, component: api.ComponentName,
+                           leader_sets: dict[str, Manifest], dgc: Manifest, children: dict[tuple[str, str], Manifest],
+                           pods: list[Manifest], plans: dict[str, groups.Plan], problems: list[str]
+                           ) -> dict[str, float]:
+        """Form, heal and release the groups of every generation of a multinode component (groups.py);
+        fills `plans` (by leader StatefulSet) and `problems`; returns when groups were last released."""
+        now = time.time()
+        timeout = float(graph.spec.placement.group_scheduling_timeout_seconds)
+        released: dict[str, float] = {}
+        for name, at in ((dgc.get("status") or {}).get("releasedGroups") or {}).items():
+            try:
+                released[name] = contract.parse_rfc3339(at)
+            except ValueError:
+                continue
+        worker_sets = [obj for (kind, _), obj in children.items()
+                       if kind == "StatefulSet" and (controller_ref(obj) or {}).get("kind") == "Pod"]
+        out: dict[str, float] = {}
+        for leader_set in leader_sets.values():
+            set_name, set_uid = leader_set["metadata"]["name"], leader_set["metadata"].get("uid")
+            leaders = [p for p in pods if controller_uid(p) == set_uid]
+            plan = groups.plan(
+                leaders=leaders, worker_sets=worker_sets, pods=pods,
+                nodes=render.nodes_of(graph, component),
+                update_revision=leader_set.get("status", {}).get("updateRevision"), now=now, timeout_s=timeout,
+                released={k: v for k, v in released.items() if k.startswith(f"{set_name}-")})
+            plans[set_name] = plan
+            out.update(plan.released)
+            problems += [groups.describe(component, p, graph.spec.placement.topology_key) for p in plan.problems]
+            for action in plan.actions:
+                await self._group_action(graph, component, action)
+            if plan.recheck_in_s is not None:
+                self.enqueue(graph.metadata.namespace, graph.metadata.name, after=plan.recheck_in_s + 0.5)
+        return out
+
+    async def _group_action(self, graph: api.DynamoGraph, component: api.ComponentName, action: groups.Action) -> None:
+        namespace, leader = graph.metadata.namespace, action.leader["metadata"]
+        metrics.GROUP_ACTIONS.labels(action.kind).inc()
+        try:
+            if action.kind == "create-workers":
+                generation = leader.get("labels", {}).get(contract.LABEL_GENERATION, "")
+                manifest = render.group_workers(graph, component, leader=action.leader, generation=generation,
+                                                settings=self.settings)
+                try:
+                    self.cache.remember(await self.kube.create(drift.with_digest(manifest)))
+                except kube_mod.ApiError as error:
+                    if not error.conflict:
+                        raise  # an earlier leader's set still in the way: the next pass removes it
+            elif action.kind == "delete-stale-workers" and action.workers is not None:
+                await self.kube.delete("StatefulSet", namespace, action.group, uid=action.workers["metadata"]["uid"])
+            elif action.kind == "admit":
+                # The group's workers exist: lift the leader's gate, so all its pods are scheduled now.
+                self.cache.remember(await self.kube.patch("Pod", namespace, action.group, {
+                    "metadata": {"labels": {contract.LABEL_GROUP: action.group}},
+                    "spec": {"schedulingGates": None}}))
+            elif action.kind == "record-members":
+                self.cache.remember(await self.kube.patch("Pod", namespace, action.group, {
+                    "metadata": {"annotations": {contract.ANNOTATION_GROUP_MEMBERS: ",".join(action.members)}}}))
+            else:  # restart or release: the whole group goes, and is formed again
+                await self._tear_down_group(graph, component, action)
+        except kube_mod.ApiError as error:
+            if not error.not_found:
+                raise  # a pod or set that went meanwhile needs nothing more
+
+    async def _tear_down_group(self, graph: api.DynamoGraph, component: api.ComponentName,
+                               action: groups.Action) -> None:
+        """Remove a group's worker StatefulSet, its leader and its worker pods at once (a broken or
+        unplaceable group has nothing to drain); the leader StatefulSet makes a new leader, gated."""
+        namespace = graph.metadata.namespace
+        if action.workers is not None:
+            await self.kube.delete("StatefulSet", namespace, action.group, uid=action.workers["metadata"]["uid"])
+        for pod in (action.leader, *action.pods):
+            await self.kube.delete("Pod", namespace, pod["metadata"]["name"], uid=pod["metadata"].get("uid"),
+                                   grace_period_seconds=render.EXIT_MARGIN_SECONDS)
+        if action.kind == "restart":
+            reason, message = "GroupRestarted", f"{component} group {action.group} restarts whole: {action.reason}"
+        else:
+            reason = "GroupReleased"
+            message = (f"{component} group {action.group} could not be placed whole ({action.reason}): its pods"
+                       " are released so their GPUs can serve other groups; it will be tried again")
+        logger.info("%s/%s: %s", namespace, graph.metadata.name, message)
+        regarding = {"apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+                     "metadata": {"name": graph.metadata.name, "namespace": namespace, "uid": graph.metadata.uid}}
+        try:
+            await self.kube.event(regarding, type_="Warning", reason=reason, message=message)
+        except kube_mod.ApiError as error:  # best effort: the status and the log say it too
+            logger.warning("could not record event on %s: %s", graph.metadata.name, error)
 
     async def _before_scale_down(self, graph: api.DynamoGraph, deployment: Manifest | None, replicas: int,
                                  pods: list[Manifest]) -> None:
@@ -360,15 +470,21 @@ class GraphReconciler:
 
     # -- status ------------------------------------------------------------------------------------------
 
-    async def _write_component_status(self, dgc: Manifest, deployment: Manifest | None) -> None:
+    async def _write_component_status(self, dgc: Manifest, deployment: Manifest | None, *, selector: dict[str, str],
+                                      nodes: int | None = None, released: dict[str, float] | None = None) -> None:
+        """/scale's view: replicas and ready replicas (groups, for a multinode component) and the
+        selector of the pods that count (a multinode component's leaders: one per replica)."""
         observed = (deployment or {}).get("status", {})
-        spec = dgc["spec"]
-        new = {
+        new: Manifest = {
             "replicas": int(observed.get("replicas", 0)),
             "readyReplicas": int(observed.get("readyReplicas", 0)),
-            "selector": ",".join(f"{k}={v}" for k, v in sorted(render.selector_labels(spec["graph"], spec["component"]).items())),
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(selector.items())),
             "observedGeneration": dgc["metadata"].get("generation", 0),
         }
+        if nodes is not None:
+            new["nodes"] = nodes
+        if released:
+            new["releasedGroups"] = {name: contract.rfc3339(_utc(at)) for name, at in sorted(released.items())}
         if dgc.get("status") != new:
             self.cache.remember(await self.kube.apply({
                 "apiVersion": api.API_VERSION, "kind": api.COMPONENT_KIND,
@@ -417,6 +533,10 @@ class GraphReconciler:
             logger.warning("could not record event on %s: %s", body["metadata"]["name"], error)
 
 
+def _utc(epoch_s: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(epoch_s, datetime.UTC)
+
+
 def _subset(small: Manifest, big: Manifest) -> bool:
     return all(big.get(k) == v for k, v in small.items())
 
@@ -424,9 +544,11 @@ def _subset(small: Manifest, big: Manifest) -> bool:
 # -- generations: from the cache's Deployments and Pods to rollout.py's plain numbers and back ----------
 
 def rollout_deployments(children: dict[tuple[str, str], Manifest], owner_uid: str) -> dict[str, Manifest]:
-    """A worker component's Deployments by generation (a Deployment made before generations: "")."""
+    """A worker component's Deployments (a multinode one's leader StatefulSets) by generation (a
+    Deployment made before generations: "")."""
     return {d["metadata"].get("labels", {}).get(contract.LABEL_GENERATION, ""): d
-            for (kind, _), d in children.items() if kind == "Deployment" and controller_uid(d) == owner_uid}
+            for (kind, _), d in children.items()
+            if kind in ("Deployment", "StatefulSet") and controller_uid(d) == owner_uid}
 
 
 def rollout_generations(deployments: dict[str, dict[str, Manifest]]) -> list[rollout.Generation]:

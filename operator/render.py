@@ -14,6 +14,14 @@ labelled with it, behind one Service per component. A change to what makes two w
 compatible (engine, image, model, arguments) is a new generation, rolled out beside the old one; any
 other change (resources, drain time, pod overrides) rolls the current generation's Deployment in
 place. The frontend runs no generations: it is one Deployment, `<graph>-frontend`.
+
+A worker component with `nodes > 1` runs *groups*: each replica is a leader pod (rank 0, which
+serves) and `nodes − 1` worker pods (the other ranks), built from StatefulSets as LeaderWorkerSet
+does: per generation a leader StatefulSet `<graph>-<component>-<generation>` whose replicas are the
+groups (`leader_statefulset`), and per leader pod a worker StatefulSet named like it and owned by it
+(`group_workers`), so a leader's workers go when it has gone, and a new leader gets new workers.
+Every pod learns its rank, the group size and the leader's DNS name through its engine's own
+multinode flags (`group_flags`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,12 @@ from fleetpilot.api import v1alpha1 as api
 HTTP_PORT = 8000
 NIXL_SIDE_CHANNEL_PORT = 5600
 SGLANG_BOOTSTRAP_PORT = 8998
+#: Where a multinode group's ranks meet the leader: vLLM's --master-port, SGLang's --dist-init-addr
+#: port, the simulator's rendezvous.
+GROUP_PORT = 29500
+GROUP_SIZE_ENV = "FLEETPILOT_GROUP_SIZE"
+NODE_RANK_ENV = "FLEETPILOT_NODE_RANK"
+LEADER_ADDRESS_ENV = "FLEETPILOT_LEADER_ADDRESS"
 TRTLLM_CONFIG_DIR = "/etc/fleetpilot/trtllm"
 #: The kubelet's grace period is the pod's drain time plus this: the engine drains for
 #: `drainSeconds`, then has this long to exit before SIGKILL.
@@ -111,7 +125,9 @@ def generation_of(graph: api.DynamoGraph, settings: RenderSettings) -> str:
         "engine": spec.engine.model_dump(by_alias=True, exclude_none=True),
         "image": spec.engine.image or settings.fleetpilot_image,
         "workers": {name: {"args": worker.args, "gpus": worker.gpus,
-                           "parallelism": worker.parallelism.model_dump(by_alias=True)}
+                           "parallelism": worker.parallelism.model_dump(by_alias=True),
+                           # Only when set, so single-node graphs keep the generation they had.
+                           **({"nodes": worker.nodes} if worker.nodes > 1 else {})}
                     for name, worker in spec.components.workers().items()},
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
@@ -196,8 +212,45 @@ def _role(component: str) -> str:
     return component if component in ("prefill", "decode") else "aggregated"
 
 
-def engine_command(graph: api.DynamoGraph, component: api.WorkerName) -> tuple[list[str], list[str]]:
-    """(command, args) for a worker, following each engine's own CLI and disaggregation flags."""
+def nodes_of(graph: api.DynamoGraph, component: str) -> int:
+    """Pods per replica of a component: 1, or a multinode component's group size."""
+    worker = graph.spec.components.workers().get(component)  # type: ignore[call-overload]
+    return 1 if worker is None else int(worker.nodes)
+
+
+def is_multinode(graph: api.DynamoGraph, component: str) -> bool:
+    """Whether the component's replicas are groups of pods on several nodes."""
+    return nodes_of(graph, component) > 1
+
+
+def leader_address(graph: api.DynamoGraph, component: str, leader: str) -> str:
+    """The leader pod's DNS name through the component's headless Service (the pod's hostname and
+    subdomain, which a StatefulSet sets)."""
+    return f"{leader}.{contract.child_name(graph.metadata.name, component)}.{graph.metadata.namespace}.svc"
+
+
+def group_flags(framework: str, *, nodes: int, leader: bool) -> list[str]:
+    """The engine's own multinode flags: group size, this pod's rank and the leader's address, from
+    the pod's environment (`$(VAR)`, expanded by the kubelet)."""
+    rank = "0" if leader else f"$({NODE_RANK_ENV})"
+    address = f"$({LEADER_ADDRESS_ENV})"
+    if framework == "vllm":
+        # vLLM's native multi-node mode (multiprocessing executor, no Ray); ranks > 0 serve no API.
+        flags = ["--distributed-executor-backend", "mp", "--nnodes", str(nodes), "--node-rank", rank,
+                 "--master-addr", address, "--master-port", str(GROUP_PORT)]
+        return flags if leader else [*flags, "--headless"]
+    if framework == "sglang":
+        return ["--nnodes", str(nodes), "--node-rank", rank, "--dist-init-addr", f"{address}:{GROUP_PORT}"]
+    if framework != "simulator":  # refused by the API (CEL): TensorRT-LLM needs mpirun over SSH
+        raise ValueError(f"{framework} has no multinode flags here")
+    # The simulator: the leader serves once every rank has joined its TCP rendezvous.
+    return ["--nnodes", str(nodes), "--node-rank", rank, "--master-addr", address, "--master-port", str(GROUP_PORT)]
+
+
+def engine_command(graph: api.DynamoGraph, component: api.WorkerName, *, leader: bool = True
+                   ) -> tuple[list[str], list[str]]:
+    """(command, args) for a worker, following each engine's own CLI and disaggregation flags; for a
+    multinode component, those of the group's leader (rank 0) or of its other ranks."""
     spec = graph.spec
     worker = spec.components.workers()[component]
     tp, pp = worker.parallelism.tensor, worker.parallelism.pipeline
@@ -206,6 +259,8 @@ def engine_command(graph: api.DynamoGraph, component: api.WorkerName) -> tuple[l
     disaggregated = role != "aggregated"
     framework = spec.engine.framework
     extra = [*spec.engine.args, *worker.args]
+    if worker.nodes > 1:
+        extra = [*group_flags(framework, nodes=worker.nodes, leader=leader), *extra]
 
     if framework == "vllm":
         args = ["serve", model, "--served-model-name", served, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
@@ -300,12 +355,56 @@ def _probe(path: str, *, period: int, failures: int) -> Manifest:
             "timeoutSeconds": 3}
 
 
+@dataclass(frozen=True)
+class GroupMember:
+    """Which pods of a multinode group a pod template is for: the leaders (`leader` None) or the
+    workers of the leader pod named `leader`."""
+
+    leader: str | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader is None
+
+
+def _group_env(graph: api.DynamoGraph, component: str, member: GroupMember) -> list[Manifest]:
+    nodes = nodes_of(graph, component)
+    service = contract.child_name(graph.metadata.name, component)
+    if member.is_leader:
+        rank: Manifest = {"name": NODE_RANK_ENV, "value": "0"}
+        address = f"$(POD_NAME).{service}.$(POD_NAMESPACE).svc"
+    else:
+        # A worker's rank is its StatefulSet ordinal (1 … nodes − 1), which the controller labels it with.
+        rank = {"name": NODE_RANK_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{contract.LABEL_POD_INDEX}']"}}}
+        address = leader_address(graph, component, member.leader or "")
+    return [{"name": GROUP_SIZE_ENV, "value": str(nodes)}, rank, {"name": LEADER_ADDRESS_ENV, "value": address}]
+
+
+def _group_affinity(graph: api.DynamoGraph, leader: str) -> Manifest:
+    """A group's workers: each on a node of its own (no two members of one group share a node), and,
+    with spec.placement.topologyKey, in the leader's topology domain. The user's affinity is kept."""
+    affinity: Manifest = copy.deepcopy(graph.spec.pod_template.affinity or {})
+    members = {contract.LABEL_GRAPH: graph.metadata.name, contract.LABEL_GROUP: leader}
+    affinity.setdefault("podAntiAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+        {"labelSelector": {"matchLabels": members}, "topologyKey": "kubernetes.io/hostname"})
+    key = graph.spec.placement.topology_key
+    if key:
+        the_leader = {contract.LABEL_GRAPH: graph.metadata.name, "statefulset.kubernetes.io/pod-name": leader}
+        affinity.setdefault("podAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+            {"labelSelector": {"matchLabels": the_leader}, "topologyKey": key})
+    return affinity
+
+
 def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings: RenderSettings,
-                 *, generation: str | None = None) -> Manifest:
+                 *, generation: str | None = None, member: GroupMember | None = None) -> Manifest:
+    """A component's pod template; for a multinode component, that of its group leaders or of one
+    leader's workers (`member`)."""
     spec = graph.spec
     overrides = spec.pod_template
     name = contract.child_name(graph.metadata.name, component)
     env = _downward_env()
+    serving = member is None or member.is_leader  # a pod that serves HTTP (a group's workers do not)
     volumes: list[Manifest] = []
     mounts: list[Manifest] = []
     ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
@@ -322,18 +421,24 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
                   "livenessProbe": _probe("/health", period=10, failures=6)}
     else:
         worker = spec.components.workers()[component]
-        command, args = engine_command(graph, component)
+        command, args = engine_command(graph, component, leader=serving)
         image = spec.engine.image or settings.fleetpilot_image
         resources = _resources(worker.gpus, worker.resources, {})
+        if member is not None:
+            env += _group_env(graph, component, member)
         env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.engine.env]
-        # In-flight prefills, KV transfers and streams finish before the engine exits.
-        grace = worker.drain_seconds + EXIT_MARGIN_SECONDS
-        hook = drain_hook(spec.engine.framework, worker.drain_seconds)
+        # In-flight prefills, KV transfers and streams finish before the engine exits. A group's
+        # workers stay until their leader has gone (they are its dependents), then only exit.
+        grace = (worker.drain_seconds if serving else 0) + EXIT_MARGIN_SECONDS
+        hook = drain_hook(spec.engine.framework, worker.drain_seconds) if serving else None
         lifecycle = None if hook is None else {"preStop": hook}
         # Loading weights takes minutes; the startup probe holds liveness off until /health answers.
         probes = {"startupProbe": _probe("/health", period=5, failures=720),
                   "readinessProbe": _probe("/health", period=5, failures=3),
                   "livenessProbe": _probe("/health", period=10, failures=6)}
+        if not serving and spec.engine.framework != "simulator":
+            probes = {}  # vLLM's and SGLang's ranks > 0 serve no HTTP; the leader's health covers the group
+            ports = []
         if spec.engine.framework != "simulator":
             volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})  # NCCL needs shared memory
             mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -341,8 +446,10 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
             env += [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
                     {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)}]
             ports.append({"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"})
-        if spec.engine.framework == "sglang" and component == "prefill":
+        if spec.engine.framework == "sglang" and component == "prefill" and serving:
             ports.append({"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"})
+        if member is not None and member.is_leader:
+            ports.append({"name": "group", "containerPort": GROUP_PORT, "protocol": "TCP"})
         if spec.engine.framework == "trtllm" and component != "aggregated":
             volumes.append({"name": "trtllm-config", "configMap": {"name": f"{name}-trtllm"}})
             mounts.append({"name": "trtllm-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
@@ -356,7 +463,7 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         "command": command,
         "args": args,
         "env": env,
-        "ports": ports,
+        **({"ports": ports} if ports else {}),
         "resources": resources,
         **probes,
     }
@@ -374,7 +481,9 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         pod_spec["nodeSelector"] = dict(overrides.node_selector)
     if overrides.tolerations:
         pod_spec["tolerations"] = overrides.tolerations
-    if overrides.affinity:
+    if member is not None and member.leader is not None:
+        pod_spec["affinity"] = _group_affinity(graph, member.leader)
+    elif overrides.affinity:
         pod_spec["affinity"] = overrides.affinity
     if overrides.priority_class_name:
         pod_spec["priorityClassName"] = overrides.priority_class_name
@@ -391,6 +500,13 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
     labels = {**overrides.labels, **component_labels(graph, component)}
     if generation is not None:
         labels[contract.LABEL_GENERATION] = generation
+    if member is not None:
+        labels[contract.LABEL_GROUP_ROLE] = contract.GROUP_LEADER if member.is_leader else contract.GROUP_WORKER
+        if member.leader is not None:
+            labels[contract.LABEL_GROUP] = member.leader
+        else:
+            # Held back until the group's workers exist, so the whole group meets the scheduler at once.
+            pod_spec["schedulingGates"] = [{"name": contract.GROUP_SCHEDULING_GATE}]
     metadata: Manifest = {"labels": labels}
     if overrides.annotations:
         metadata["annotations"] = dict(overrides.annotations)
@@ -433,8 +549,12 @@ def workload(
         spec_extra["progressDeadlineSeconds"] = graph.spec.rollout.progress_deadline_seconds
     else:
         generation = None
-    objects: list[Manifest] = [
-        {
+    multinode = is_multinode(graph, component)
+    if multinode:
+        runner = leader_statefulset(graph, component, replicas=replicas, metadata=deployment_meta,
+                                    generation=generation or "", settings=settings)
+    else:
+        runner = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": deployment_meta,
@@ -448,7 +568,9 @@ def workload(
                 **spec_extra,
                 "template": pod_template(graph, component, settings, generation=generation),
             },
-        },
+        }
+    objects: list[Manifest] = [
+        runner,
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -458,6 +580,9 @@ def workload(
                 "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
                 # Workers are addressed one by one by the frontend; only the frontend load-balances.
                 **({} if component == "frontend" else {"clusterIP": "None"}),
+                # A group's ranks find each other by DNS before any of them is Ready (the leader is
+                # Ready only once they have all joined).
+                **({"publishNotReadyAddresses": True} if multinode else {}),
             },
         },
         {
@@ -479,6 +604,81 @@ def workload(
             "data": {"extra-llm-api-options.yaml": trtllm_extra_options(component)},
         })
     return objects
+
+
+# -- multinode groups ----------------------------------------------------------------------------------
+
+def leader_selector(graph: str, component: str, generation: str) -> dict[str, str]:
+    """One generation's group leaders: its leader StatefulSet's selector."""
+    return {**generation_selector(graph, component, generation), contract.LABEL_GROUP_ROLE: contract.GROUP_LEADER}
+
+
+def scale_selector(graph: api.DynamoGraph, component: str) -> dict[str, str]:
+    """What /scale counts: a component's pods, or for a multinode one its group leaders (one per replica)."""
+    selector = selector_labels(graph.metadata.name, component)
+    if is_multinode(graph, component):
+        selector[contract.LABEL_GROUP_ROLE] = contract.GROUP_LEADER
+    return selector
+
+
+def leader_statefulset(graph: api.DynamoGraph, component: api.ComponentName, *, replicas: int, metadata: Manifest,
+                       generation: str, settings: RenderSettings) -> Manifest:
+    """A multinode component's groups of one generation: a StatefulSet of their leaders, one per group.
+
+    Stable identities (`<name>-<index>`, the Service's DNS names) give the workers an address to find
+    their leader by; removing groups removes the highest indices first. Leaders start behind a
+    scheduling gate the operator lifts once their workers exist. Pods are created and removed in
+    parallel (a group's readiness is the operator's business, not the StatefulSet's ordering), and a
+    change to the pod template rolls one group at a time: a new leader pod gets new workers."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "serviceName": contract.child_name(graph.metadata.name, component),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": leader_selector(graph.metadata.name, component, generation)},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "revisionHistoryLimit": 5,
+            "template": pod_template(graph, component, settings, generation=generation, member=GroupMember()),
+        },
+    }
+
+
+def group_workers(graph: api.DynamoGraph, component: api.ComponentName, *, leader: Manifest, generation: str,
+                  settings: RenderSettings) -> Manifest:
+    """The workers of one group: a StatefulSet named like its leader pod and owned by it, with pods
+    `<leader>-1` … `<leader>-<nodes − 1>` (their rank is their ordinal). Owned by the leader, they go
+    when it has gone, after its drain; a leader replaced (a restart, a rollout) gets a new set."""
+    meta = leader["metadata"]
+    nodes = nodes_of(graph, component)
+    selector = {**generation_selector(graph.metadata.name, component, generation),
+                contract.LABEL_GROUP: meta["name"], contract.LABEL_GROUP_ROLE: contract.GROUP_WORKER}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": graph.metadata.namespace,
+            "labels": {**component_labels(graph, component), **selector},
+            # Not blockOwnerDeletion: a pod owner would need pods/finalizers rights, and nothing here
+            # deletes the leader in the foreground.
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+                                 "controller": True, "blockOwnerDeletion": False}],
+        },
+        "spec": {
+            "replicas": nodes - 1,
+            "ordinals": {"start": 1},
+            "serviceName": contract.child_name(graph.metadata.name, component),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector},
+            # Never rolled: the set lives as long as its leader, and a new leader gets a new set.
+            "updateStrategy": {"type": "OnDelete"},
+            "template": pod_template(graph, component, settings, generation=generation,
+                                     member=GroupMember(leader=meta["name"])),
+        },
+    }
 
 
 def frontend_rbac(graph: api.DynamoGraph, owner: OwnerRef) -> list[Manifest]:

@@ -26,6 +26,7 @@ class ComponentObservation:
     desired: int
     deployment: Manifest | None
     clamped_from: int | None = None  # the DynamoGraphComponent asked for more/fewer than the bounds allow
+    nodes: int = 1  # pods per replica: a multinode component's replicas (and counts) are groups
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Observation:
     capacity: GpuCapacity | None = None
     error: tuple[str, str] | None = None  # (reason, message) when the reconcile itself failed
     rollout: api.RolloutStatus | None = None  # the workers' generations (operator/rollout.py)
+    group_problems: list[str] = field(default_factory=list)  # multinode groups that cannot be placed whole
 
 
 def gpu_request(pod: Manifest) -> int:
@@ -98,6 +100,10 @@ def component_status(observed: ComponentObservation) -> api.ComponentStatus:
     if observed.clamped_from is not None:
         message = (f"DynamoGraphComponent asks for {observed.clamped_from} replicas, outside the graph's scaling"
                    f" bounds; running {observed.desired}")
+    if observed.nodes > 1:  # counts are groups: say so where `kubectl get dg` shows them
+        return api.ComponentStatus(desired=observed.desired, ready=ready, updated=updated,
+                                   summary=f"{ready}/{observed.desired} ×{observed.nodes} nodes", message=message,
+                                   nodes=observed.nodes)
     return api.ComponentStatus(
         desired=observed.desired, ready=ready, updated=updated, summary=f"{ready}/{observed.desired}", message=message
     )
@@ -138,7 +144,11 @@ def conditions(observation: Observation) -> list[api.Condition]:
     rolling = [c.name for c in observation.components if not _rollout_complete(c)]
     stuck = unschedulable(observation.pods)
 
-    if stuck:
+    if observation.group_problems:
+        # A group partly placed holds GPUs without serving: say which pods cannot be placed, and why.
+        degraded = _condition("Degraded", True, "GroupUnschedulable", "; ".join(observation.group_problems),
+                              generation)
+    elif stuck:
         needed = sum(gpu_request(p) for p in stuck)
         capacity = observation.capacity or GpuCapacity(free=0, total=0, largest_node=0)
         message = f"Unschedulable: needs {needed} {GPU}, {capacity.free} free"
@@ -164,7 +174,7 @@ def conditions(observation: Observation) -> list[api.Condition]:
         ready = _condition("Ready", True, "AllComponentsReady", "every component has all replicas ready", generation)
         progressing = _condition("Progressing", False, "RolloutComplete", "", generation)
     else:
-        reason = "Unschedulable" if stuck else "ComponentsNotReady"
+        reason = degraded.reason if stuck else "ComponentsNotReady"
         message = ", ".join(not_ready) or "rolling out " + ", ".join(rolling)
         if stuck:
             message = f"{degraded.message}; {message}"

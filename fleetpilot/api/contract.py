@@ -25,6 +25,14 @@ LABEL_SIMULATED_NODE = "fleetpilot.dev/simulated-node"
 #: The generation of a worker pod: a short hash of what makes its KV cache compatible with another's
 #: (engine, image, model, arguments). The frontend pairs a prefill and a decode of one generation only.
 LABEL_GENERATION = "fleetpilot.dev/generation"
+#: A multinode replica's pods: `leader` (serves HTTP, rank 0) or `worker` (the other ranks, never routed to).
+LABEL_GROUP_ROLE = "fleetpilot.dev/group-role"
+GROUP_LEADER = "leader"
+GROUP_WORKER = "worker"
+#: The group a multinode replica's pod belongs to: its leader pod's name (on the leader once it is admitted).
+LABEL_GROUP = "fleetpilot.dev/group"
+#: Set by the StatefulSet controller (Kubernetes ≥ 1.28) on each pod: its ordinal, a worker's rank.
+LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -64,6 +72,12 @@ ANNOTATION_APPLIED = "fleetpilot.dev/applied-digest"
 #: Kubernetes' own: of a ReplicaSet's Ready pods, the one with the lowest cost is removed first on a
 #: scale-down. The operator sets it from the frontends' per-worker load before lowering replicas.
 ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: On a multinode group's leader pod: the uids of the worker pods the group formed with. A worker
+#: that is not among them (replaced) or one of them gone means the group lost a member: it restarts.
+ANNOTATION_GROUP_MEMBERS = "fleetpilot.dev/group-members"
+#: The scheduling gate a multinode group's leader pod is created with; the operator lifts it once the
+#: group's workers exist, so that the whole group goes to the scheduler at once.
+GROUP_SCHEDULING_GATE = "fleetpilot.dev/group-admission"
 
 # -- identities: field managers, Lease names, Event sources ----------------------------------------
 
@@ -95,6 +109,11 @@ def generation_child_name(graph: str, component: str, generation: str) -> str:
     return f"{graph}-{component}-{generation}"
 
 
+def is_group_worker(pod: dict[str, Any]) -> bool:
+    """A non-leader pod of a multinode replica: it holds ranks of the leader's engine and serves nobody."""
+    return bool(pod.get("metadata", {}).get("labels", {}).get(LABEL_GROUP_ROLE) == GROUP_WORKER)
+
+
 def pod_http_url(pod: dict[str, Any], *, default_port: int = 8000) -> str | None:
     """`http://<pod IP>:<its "http" port>` for a Ready pod that is not going away, else None: where a
     frontend sends requests to a worker, and where the planner reads a frontend's /metrics."""
@@ -116,6 +135,11 @@ def pod_http_url(pod: dict[str, Any], *, default_port: int = 8000) -> str | None
 def rfc3339(moment: datetime.datetime) -> str:
     """Kubernetes' metav1.Time: UTC, whole seconds."""
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str) -> float:
+    """metav1.Time (whole seconds or fractions, `Z` or an offset) as seconds since the epoch."""
+    return datetime.datetime.fromisoformat(text).timestamp()  # Python 3.11 reads "Z"
 
 
 def now_rfc3339() -> str:

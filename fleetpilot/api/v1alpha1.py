@@ -31,6 +31,14 @@ ALL_COMPONENTS: tuple[ComponentName, ...] = ("frontend", *WORKER_COMPONENTS)
 # Child objects are named "<graph>-<component>" and Services must be DNS-1035 labels (63 chars).
 MAX_GRAPH_NAME_LENGTH = 63 - len("-aggregated")
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# A multinode group's workers are a StatefulSet named "<graph>-<component>-<generation>-<group index>"
+# (index < 1000); a StatefulSet's name must leave room for its pods' controller-revision-hash label
+# ("<name>-<10 characters>", a label value of at most 63): 52 characters.
+MAX_STATEFULSET_NAME_LENGTH = 52
+MAX_MULTINODE_GRAPH_NAME_LENGTH = MAX_STATEFULSET_NAME_LENGTH - len("-aggregated-12345678-999")
+#: A Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of at most 63 characters.
+LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 def _preserve_unknown(description: str) -> Any:
@@ -169,8 +177,9 @@ class WorkerSpec(ApiModel):
                 "replicas must lie within scaling.min and scaling.max",
             ),
             (
-                "self.parallelism.tensor * self.parallelism.pipeline == self.gpus",
-                "gpus must equal parallelism.tensor × parallelism.pipeline (the GPUs one replica's engine uses)",
+                "self.parallelism.tensor * self.parallelism.pipeline == self.gpus * self.nodes",
+                ("gpus × nodes must equal parallelism.tensor × parallelism.pipeline (the GPUs one replica's engine "
+                 "uses: gpus on each of its nodes pods)"),
             ),
         )
     )
@@ -181,12 +190,23 @@ class WorkerSpec(ApiModel):
         le=1000,
         description="Initial replicas only: afterwards the DynamoGraphComponent's spec.replicas is the truth.",
     )
-    gpus: int = Field(default=1, ge=1, le=64, description="nvidia.com/gpu per replica.")
+    gpus: int = Field(default=1, ge=1, le=64,
+                      description="nvidia.com/gpu per pod: a replica of `nodes` pods uses gpus × nodes.")
+    nodes: int = Field(
+        default=1, ge=1, le=64,
+        description=("Pods in one replica, each on its own GPU node: a leader, which serves, and nodes − 1 workers "
+                     "holding the rest of its tensor and pipeline ranks. Such a replica is a group, started, placed "
+                     "(spec.placement), scaled, healed and updated as one: replicas and /scale count groups."),
+    )
     parallelism: Parallelism = _defaulted(Parallelism)
     scaling: ScalingBounds = _defaulted(ScalingBounds)
     args: list[str] = Field(default_factory=list, description="Extra engine flags for this component.")
     resources: ResourceRequirements | None = None
     drain_seconds: int = _drain_seconds()
+
+    def gpus_per_replica(self) -> int:
+        """The GPUs one replica holds: every pod of its group."""
+        return self.gpus * self.nodes
 
 
 class ComponentsSpec(ApiModel):
@@ -214,6 +234,10 @@ class ComponentsSpec(ApiModel):
         pools: dict[WorkerName, WorkerSpec | None] = {
             "prefill": self.prefill, "decode": self.decode, "aggregated": self.aggregated}
         return {name: spec for name, spec in pools.items() if spec is not None}
+
+    def multinode(self) -> bool:
+        """Whether some worker pool's replicas span several nodes (groups of pods)."""
+        return any(worker.nodes > 1 for worker in self.workers().values())
 
     def may_scale_to_zero(self) -> bool:
         """Whether some worker pool may have no replica at all (its scaling.min is 0)."""
@@ -322,12 +346,40 @@ class RolloutSpec(ApiModel):
     )
 
 
+#: How long a multinode group may hold some of its nodes' GPUs while others cannot be placed.
+DEFAULT_GROUP_SCHEDULING_TIMEOUT_SECONDS = 300
+
+
+class PlacementSpec(ApiModel):
+    """Where the pods of a multinode replica go: each on its own node, all in one topology domain."""
+
+    topology_key: str | None = Field(
+        default=None, max_length=316, pattern=LABEL_KEY,
+        description=("A node label naming a topology domain (a rack, an NVLink domain), e.g. "
+                     "topology.kubernetes.io/zone or example.com/rack: every pod of a multinode replica runs on a "
+                     "node with the leader's value of it (required affinity). Unset: anywhere, one pod per node."),
+    )
+    group_scheduling_timeout_seconds: int = Field(
+        default=DEFAULT_GROUP_SCHEDULING_TIMEOUT_SECONDS, ge=5, le=3600,
+        description=("A multinode replica partly placed for this long (some pods hold GPUs, others cannot be "
+                     "scheduled) is reported (Degraded=GroupUnschedulable) and its pods are released, so that "
+                     "their GPUs do not deadlock other groups; it is tried again after about as long. Kubernetes "
+                     "1.30 has no gang scheduling: this is the stand-in."),
+    )
+
+
 class DynamoGraphSpec(ApiModel):
     """What the user wants served, and how."""
 
     model_config = ConfigDict(
         json_schema_extra=_cel(
             ("self.engine.framework == 'simulator' || has(self.engine.image)", "engine.image is required unless engine.framework is simulator"),
+            (
+                "self.engine.framework != 'trtllm' || "
+                + " && ".join(f"(!has(self.components.{w}) || self.components.{w}.nodes == 1)" for w in WORKER_COMPONENTS),
+                ("nodes must be 1 with engine.framework trtllm: TensorRT-LLM's multinode launch (mpirun over SSH "
+                 "between a group's pods) is not rendered by fleetpilot; use vllm or sglang for multinode replicas"),
+            ),
         )
     )
 
@@ -337,6 +389,7 @@ class DynamoGraphSpec(ApiModel):
     pod_template: PodTemplateOverrides = _defaulted(PodTemplateOverrides)
     planner: PlannerSpec = _defaulted(PlannerSpec)
     rollout: RolloutSpec = _defaulted(RolloutSpec)
+    placement: PlacementSpec = _defaulted(PlacementSpec)
 
 
 class Condition(ApiModel):
@@ -358,6 +411,7 @@ class ComponentStatus(ApiModel):
     updated: int = 0
     summary: str = Field(default="0/0", description="ready/desired, for kubectl get.")
     message: str | None = None
+    nodes: int | None = Field(default=None, description="Pods per replica of a multinode component (replicas are groups).")
 
 
 class GenerationStatus(ApiModel):
@@ -427,6 +481,13 @@ class DynamoGraphComponentStatus(ApiModel):
     ready_replicas: int = 0
     selector: str = Field(default="", description="Label selector of the component's pods (for /scale).")
     observed_generation: int | None = None
+    nodes: int | None = Field(
+        default=None, description="Pods per replica: a multinode replica is a group of this many; replicas count groups.")
+    released_groups: dict[str, str] | None = Field(
+        default=None,
+        description=("Multinode groups released because they could not be placed whole, and when (RFC 3339); each "
+                     "is tried again after about spec.placement.groupSchedulingTimeoutSeconds."),
+    )
 
 
 class ObjectMeta(ApiModel):

@@ -57,8 +57,8 @@ def worker_from_pod(pod: dict[str, Any], *, default_port: int = 8000) -> Worker 
     labels = meta.get("labels", {})
     role = labels.get(contract.LABEL_COMPONENT)
     url = contract.pod_http_url(pod, default_port=default_port)
-    if role not in contract.WORKER_ROLES or url is None:
-        return None
+    if role not in contract.WORKER_ROLES or url is None or contract.is_group_worker(pod):
+        return None  # a multinode replica is reached through its leader only
     return Worker(url, role, meta.get("name", ""), labels.get(contract.LABEL_GENERATION, ""))
 
 

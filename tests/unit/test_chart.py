@@ -423,14 +423,16 @@ def test_operator_rbac_is_exactly_what_it_uses() -> None:
         ("fleetpilot.dev", "dynamographcomponents/status"): {"patch"},
         ("fleetpilot.dev", "dynamographcomponents"): writes,
         ("apps", "deployments"): writes,
+        ("apps", "statefulsets"): writes,  # multinode groups: leaders, and each group's workers
         ("", "services"): writes,
         ("", "serviceaccounts"): writes,
         ("", "configmaps"): writes,
         ("policy", "poddisruptionbudgets"): writes,
         ("rbac.authorization.k8s.io", "roles"): writes,
         ("rbac.authorization.k8s.io", "rolebindings"): writes,
-        # patch: the pod-deletion-cost written before a scale-down (operator/scaledown.py).
-        ("", "pods"): {"get", "list", "watch", "patch"},
+        # patch: the pod-deletion-cost written before a scale-down (operator/scaledown.py), a multinode
+        # group's admission (gate, members); delete: a group restarted or released whole (operator/groups.py).
+        ("", "pods"): {"get", "list", "watch", "patch", "delete"},
         ("", "events"): {"create"},
     }
     assert _grants(_rules(docs, "fleetpilot-operator-cluster")) == {
