@@ -154,12 +154,12 @@ def _broken(leader: Manifest, workers: list[Manifest], recorded: tuple[str, ...]
             return f"its worker {pod_name} restarted"
     if recorded is not None:
         current = {p["metadata"].get("uid", "") for p in workers}
-        gone = set(recorded) - current
-        if gone:
-            return f"{len(gone)} of its workers went away"
         if current - set(recorded):
             replaced = sorted(p["metadata"]["name"] for p in workers if p["metadata"].get("uid") not in recorded)
             return f"its worker {', '.join(replaced)} was replaced"
+        gone = set(recorded) - current
+        if gone:
+            return f"{len(gone)} of its workers went away"
     return None
 
 

@@ -89,7 +89,33 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     ),
     "parallelism-does-not-match-gpus": (
         _set("spec.components.decode.parallelism", {"tensor": 4}),
-        ["spec.components.decode", "gpus must equal parallelism.tensor"],
+        ["spec.components.decode", "gpus × nodes must equal parallelism.tensor × parallelism.pipeline"],
+    ),
+    "multinode-gpus-do-not-match-parallelism": (
+        _set("spec.components.decode.nodes", 2),
+        ["spec.components.decode", "gpus × nodes must equal parallelism.tensor × parallelism.pipeline"],
+    ),
+    "zero-nodes": (
+        _set("spec.components.prefill.nodes", 0),
+        ["spec.components.prefill.nodes", "should be greater than or equal to 1"],
+    ),
+    "trtllm-multinode": (
+        lambda g: (g["spec"]["engine"].update(framework="trtllm", image="nvcr.io/nvidia/tensorrt-llm/release:1.0.0"),
+                   g["spec"]["components"]["decode"].update(nodes=2, gpus=1)),
+        ["spec", "nodes must be 1 with engine.framework trtllm", "use vllm or sglang for multinode replicas"],
+    ),
+    "multinode-name-too-long-for-group-statefulsets": (
+        lambda g: (g["metadata"].update(name="a" * 29),
+                   g["spec"]["components"]["decode"].update(nodes=2, gpus=1)),
+        ["metadata.name must be at most 28 characters when a component spans nodes"],
+    ),
+    "placement-topology-key-not-a-label-key": (
+        _set("spec.placement", {"topologyKey": "rack name"}),
+        ["spec.placement.topologyKey", "should match"],
+    ),
+    "placement-timeout-too-short": (
+        _set("spec.placement", {"groupSchedulingTimeoutSeconds": 1}),
+        ["spec.placement.groupSchedulingTimeoutSeconds", "should be greater than or equal to 5"],
     ),
     "name-too-long-for-children": (
         _set("metadata.name", "a" * 53),
@@ -167,6 +193,17 @@ def test_apiserver_rejects_invalid_graph(kubectl: Kubectl, crds: None, case: str
 def test_the_valid_baseline_is_accepted(kubectl: Kubectl, crds: None) -> None:
     """Guards the table above: each case fails for its own reason, not because the base is bad."""
     result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(valid()))
+    assert "created (server dry run)" in result.stdout
+
+
+def test_a_valid_multinode_graph_is_accepted(kubectl: Kubectl, crds: None) -> None:
+    """The multinode cases above fail for their own reason: a 28-character name, decode TP16 over two
+    pods of 8 GPUs and a rack topology key pass."""
+    graph = edit(lambda g: (g["metadata"].update(name="a" * 28),
+                            g["spec"]["components"]["decode"].update(nodes=2, gpus=8, parallelism={"tensor": 16}),
+                            g["spec"].update(placement={"topologyKey": "example.com/rack",
+                                                        "groupSchedulingTimeoutSeconds": 60})))
+    result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(graph))
     assert "created (server dry run)" in result.stdout
 
 

@@ -98,6 +98,14 @@ def test_only_ready_pods_with_an_ip_become_workers() -> None:
     assert worker_from_pod(pod(role="frontend")) is None
 
 
+def test_a_multinode_replica_is_reached_through_its_leader_only() -> None:
+    leader, worker = pod(), pod()
+    leader["metadata"]["labels"]["fleetpilot.dev/group-role"] = "leader"
+    worker["metadata"]["labels"]["fleetpilot.dev/group-role"] = "worker"
+    assert worker_from_pod(leader) is not None
+    assert worker_from_pod(worker) is None
+
+
 def mooncake_blocks(limit: int) -> list[list[int]]:
     import json
     from pathlib import Path

@@ -459,3 +459,22 @@ def test_transitions_counts_reason_changes_and_new_conditions() -> None:
 def test_no_transitions_when_nothing_changed() -> None:
     conditions = status.conditions(observe(healthy_components()))
     assert status.transitions(conditions, conditions) == []
+
+
+def test_a_group_that_cannot_be_placed_whole_degrades_the_graph_by_name() -> None:
+    stuck = pod(container(8), unschedulable=True, name="g-0-2")
+    message = "decode group g-0: 2 of 3 pods placed; cannot place g-0-2: needs 8 nvidia.com/gpu (...)"
+    components = [component("frontend", 1), component("prefill", 1), component("decode", 2, 1)]
+    conditions = by_type(status.conditions(observe(components, pods=[stuck], group_problems=[message])))
+    assert (conditions["Degraded"].status, conditions["Degraded"].reason) == ("True", "GroupUnschedulable")
+    assert conditions["Degraded"].message == message
+    assert (conditions["Ready"].status, conditions["Ready"].reason) == ("False", "GroupUnschedulable")
+    assert conditions["Ready"].message.startswith(message)
+
+
+def test_a_multinode_components_summary_counts_groups() -> None:
+    observed = status.ComponentObservation(name="decode", desired=2, nodes=4, deployment={
+        "metadata": {"generation": 1}, "status": {"readyReplicas": 1, "updatedReplicas": 1}})
+    summary = status.component_status(observed)
+    assert (summary.summary, summary.nodes) == ("1/2 ×4 nodes", 4)
+    assert status.component_status(status.ComponentObservation(name="decode", desired=2, deployment=None)).nodes is None
