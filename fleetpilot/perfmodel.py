@@ -167,6 +167,15 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
+#: Between nodes: one 400 Gb/s NIC per GPU (ConnectX-7, NDR InfiniBand, as in DGX H100/H200), bytes/s
+#: per direction; what a tensor-parallel all-reduce gets per GPU once its ranks span nodes.
+NETWORK_BANDWIDTH = 50e9
+#: What crossing nodes adds to one all-reduce or pipeline hand-off beyond NVLink's latency (NIC, switch,
+#: NCCL's inter-node protocol). Judgement from NCCL's published small-message latencies, not fitted:
+#: the calibration data has no multinode run.
+NETWORK_LATENCY_S = 15e-6
+
+
 # -- calibration ---------------------------------------------------------------------------------------
 
 
@@ -295,6 +304,12 @@ class PerformanceModel:
     speeds a step up by less than its degree. Pipeline parallelism shards weights and KV across stages,
     but one step still passes every layer in turn: it buys memory, not step latency.
 
+    A multinode replica (`nodes` > 1: its GPUs on that many nodes, as many on each) pays the network
+    where its ranks cross nodes: tensor-parallel all-reduces over more GPUs than a node holds run at
+    the NIC's bandwidth (`NETWORK_BANDWIDTH`, a ninth of NVLink's) with `NETWORK_LATENCY_S` more each,
+    and each pipeline hand-off between nodes costs that latency and the activations' bytes. Its KV
+    capacity and FLOPs follow tensor × pipeline as on one node.
+
     `calibration` picks the serving stack (`CALIBRATIONS`); the default, `VLLM_HOPPER`, is the one the
     simulator engine imitates.
     """
@@ -307,14 +322,26 @@ class PerformanceModel:
         pipeline_parallel: int = 1,
         *,
         calibration: Calibration = VLLM_HOPPER,
+        nodes: int = 1,
     ) -> None:
         if tensor_parallel < 1 or pipeline_parallel < 1:
             raise ValueError("tensor_parallel and pipeline_parallel must be ≥ 1")
+        if nodes < 1 or (tensor_parallel * pipeline_parallel) % nodes:
+            raise ValueError(f"nodes must divide tensor_parallel × pipeline_parallel "
+                             f"({tensor_parallel * pipeline_parallel}), got {nodes}")
         self.model = model
         self.gpu = gpu
         self.tensor_parallel = tensor_parallel
         self.pipeline_parallel = pipeline_parallel
+        self.nodes = nodes
         self.calibration = cal = calibration
+        # Where the replica's ranks cross nodes: its all-reduces, when a TP group is wider than a node;
+        # else the boundaries between nodes' pipeline stages.
+        tp_spans_nodes = tensor_parallel > tensor_parallel * pipeline_parallel // nodes
+        stage_crossings = (pipeline_parallel - 1) if tp_spans_nodes else (nodes - 1)
+        link = gpu.interconnect_bandwidth * cal.interconnect_efficiency
+        if tp_spans_nodes:
+            link = min(link, NETWORK_BANDWIDTH * cal.interconnect_efficiency)
 
         tp = float(tensor_parallel)
         eight_bit = model.weight_bytes_per_param <= 1 or not gpu.flops_16bit
@@ -342,18 +369,15 @@ class PerformanceModel:
         self._fixed_s = (
             cal.step_overhead_s
             + model.layers * cal.layer_overhead_s
-            + allreduces * cal.allreduce_latency_s
+            + allreduces * (cal.allreduce_latency_s + (NETWORK_LATENCY_S if tp_spans_nodes else 0.0))
             + (pipeline_parallel - 1) * cal.allreduce_latency_s
+            + stage_crossings * NETWORK_LATENCY_S
         )
-        # A ring all-reduce moves 2·(tp−1)/tp of the BF16 activations through each GPU's link.
+        # A ring all-reduce moves 2·(tp−1)/tp of the BF16 activations through each GPU's link; a
+        # hand-off between nodes sends a token's BF16 activations over the network.
         self._allreduce_s_per_token = (
-            allreduces
-            * 2.0
-            * (tp - 1.0)
-            / tp
-            * model.hidden_size
-            * 2.0
-            / (gpu.interconnect_bandwidth * cal.interconnect_efficiency)
+            allreduces * 2.0 * (tp - 1.0) / tp * model.hidden_size * 2.0 / link
+            + stage_crossings * model.hidden_size * 2.0 / NETWORK_BANDWIDTH
         )
         self._seq_s = cal.sequence_overhead_s
 

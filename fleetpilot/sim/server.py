@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 import httpx
 import uvicorn
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -61,6 +61,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from fleetpilot.sim import engine, scheduler
+from fleetpilot.sim import group as group_mod
 from fleetpilot.sim import metrics as metrics_mod
 
 logger = logging.getLogger("fleetpilot.sim")
@@ -311,21 +312,28 @@ class _Generation:
 class _Service:
     """The routes, bound to one engine, its metrics and its configuration."""
 
-    def __init__(self, config: ServerConfig, sim: engine.Engine, metrics: metrics_mod.SimMetrics) -> None:
+    def __init__(self, config: ServerConfig, sim: engine.Engine, metrics: metrics_mod.SimMetrics,
+                 group: group_mod.GroupLeader | None = None) -> None:
         self.config = config
         self.engine = sim
         self.metrics = metrics
+        self.group = group
         self.client: httpx.AsyncClient | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        await self.engine.start()
+        if self.group is None:
+            await self.engine.start()
+        else:
+            await self.group.start()  # the engine starts once every rank has joined (see create_app)
         async with httpx.AsyncClient(timeout=self.config.pull_notice_timeout_s) as client:
             self.client = client
             try:
                 yield
             finally:
                 self.client = None
+                if self.group is not None:
+                    await self.group.stop()
                 await self.engine.stop()
 
     # -- plain routes --
@@ -401,7 +409,8 @@ class _Service:
         except scheduler.RequestRejected as error:
             return _error(str(error))
         except engine.EngineStopped as error:
-            return _error(str(error), kind="ServiceUnavailableError", code=503)
+            message = self.group.status if self.group is not None else str(error)
+            return _error(message, kind="ServiceUnavailableError", code=503)
         generation = _Generation(request_id, chat, self.config.served_model, int(time.time()), mode, stream,
                                  TextSampler.from_body(body))
         if mode is scheduler.Mode.REMOTE_PREFILL and isinstance(params, dict):
@@ -531,12 +540,15 @@ def _sse_line(payload: dict[str, Any]) -> str:
 
 
 def create_app(
-    config: ServerConfig, sim: engine.Engine, *, registry: CollectorRegistry | None = None
+    config: ServerConfig, sim: engine.Engine, *, registry: CollectorRegistry | None = None,
+    group: group_mod.GroupLeader | None = None,
 ) -> Starlette:
-    """The ASGI app for one simulated worker; its lifespan starts and stops the engine loop."""
+    """The ASGI app for one simulated worker; its lifespan starts and stops the engine loop. With a
+    `group` (a multinode replica's leader, built with `leader_group`), the engine runs only while
+    every rank is joined, so /health is 503 until the group forms and once it breaks."""
     metrics = metrics_mod.SimMetrics(model_name=config.served_model, snapshot=sim.snapshot, registry=registry)
     sim.add_finish_listener(metrics.observe)
-    service = _Service(config, sim, metrics)
+    service = _Service(config, sim, metrics, group)
     get, post = ["GET"], ["POST"]
     routes: list[tuple[str, _Handler, list[str]]] = [
         ("/v1/completions", service.completions, post),
@@ -551,6 +563,50 @@ def create_app(
                     lifespan=service.lifespan)
     app.state.service = service
     return app
+
+
+def leader_group(identity: group_mod.Identity, sim: engine.Engine, *, host: str, port: int,
+                 heartbeat_s: float = group_mod.HEARTBEAT_S, timeout_s: float = group_mod.TIMEOUT_S
+                 ) -> group_mod.GroupLeader:
+    """A multinode replica's leader, wired to its engine: it serves once all ranks have joined, and
+    stops (failing what it runs) when one is lost."""
+
+    async def broken(reason: str) -> None:
+        await sim.stop()
+
+    return group_mod.GroupLeader(identity, host=host, port=port, on_complete=sim.start, on_broken=broken,
+                                 heartbeat_s=heartbeat_s, timeout_s=timeout_s)
+
+
+def create_rank_app(member: group_mod.GroupMember, *, on_over: Callable[[str], None],
+                    registry: CollectorRegistry | None = None) -> Starlette:
+    """A multinode replica's rank > 0: no API (the leader serves), only /health (200 while joined to
+    the leader) and /metrics; `on_over` is called with the reason once the group is over for it."""
+    registry = registry or CollectorRegistry()
+    joined = Gauge("fleetpilot_sim_group_joined", "1 while this rank is joined to its group's leader.",
+                   ["rank"], registry=registry)
+    joined.labels(str(member.rank)).set_function(lambda: 1.0 if member.joined else 0.0)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def hold() -> None:
+            on_over(await member.run())
+
+        task = asyncio.create_task(hold(), name="fleetpilot-sim-rank")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200 if member.joined else 503)
+
+    async def prometheus(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/health", health, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"])],
+                     lifespan=lifespan)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
