@@ -100,9 +100,11 @@ WARM_START_MAX_POINTS = 10_000
 SIMULATOR_PRESET = ("llama-3.1-8b", "h200-sxm")
 
 
-def simulator_profile(tensor_parallel: int) -> profiles.Profile:
+def simulator_profile(tensor_parallel: int, *, pipeline_parallel: int = 1, nodes: int = 1) -> profiles.Profile:
+    """What a simulator replica of this parallelism does (a multinode group's: over `nodes` nodes)."""
     model = perfmodel.PerformanceModel(perfmodel.MODELS[SIMULATOR_PRESET[0]], perfmodel.GPUS[SIMULATOR_PRESET[1]],
-                                       tensor_parallel=tensor_parallel)
+                                       tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+                                       nodes=nodes)
     return profiles.from_performance_model(
         model, isls=[128, 512, 1024, 2048, 4096, 8192, 16384], contexts=[512, 1024, 2048, 4096, 8192, 16384],
         concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")
@@ -292,14 +294,16 @@ class LivePlanner:
         spec = graph.spec
         ref = spec.planner.profile_ref
         workers = spec.components.workers()
-        tp = next(iter(workers.values())).parallelism.tensor
+        first = next(iter(workers.values()))
+        tp, pp, nodes = first.parallelism.tensor, first.parallelism.pipeline, first.nodes
         if ref is None:
             if spec.engine.framework != "simulator":
                 raise ProfileError(f"spec.planner.profileRef is required for {spec.engine.framework} graphs:"
                                    " point it at a ConfigMap holding a capacity profile")
-            key = ("", "simulator", str(tp))
+            key = ("", "simulator", f"{tp}x{pp}/{nodes}")
             if key not in self._profiles:
-                self._profiles[key] = capacities.CapacityModel(simulator_profile(tp))
+                self._profiles[key] = capacities.CapacityModel(
+                    simulator_profile(tp, pipeline_parallel=pp, nodes=nodes))
             return self._profiles[key]
         try:
             config_map = await self.kube.get("ConfigMap", graph.metadata.namespace, ref.config_map)
