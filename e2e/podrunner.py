@@ -16,7 +16,10 @@ bound to a simulated node the runner does what a kubelet would:
 - on deletion runs the preStop hook (exec or httpGet), sends SIGTERM, waits up to the grace period,
   sends SIGKILL, then removes the pod (`gracePeriodSeconds=0`);
 - with `--image` given, plays a node that can pull only those images: a pod asking for another stays
-  Pending with `ImagePullBackOff`, as a kubelet reports an image that does not exist.
+  Pending with `ImagePullBackOff`, as a kubelet reports an image that does not exist;
+- plays cluster DNS for pods behind headless Services (a multinode group's ranks find their leader
+  by `<leader>.<service>.<namespace>.svc`): such a name in a command line or env becomes that pod's
+  IP, and a pod naming a peer that has none yet starts once it has.
 
 What the pod spec asks for (env, command line, ServiceAccount, probe ports) is read by the pure
 functions of `podspec.py`; this module is the adapter around them: the pod watch (fleetpilot's
@@ -127,6 +130,8 @@ class PodRunner:
         self.pods: dict[str, RunningPod] = {}
         self._used_ips: set[str] = set()
         self._next_ip = 1
+        # Pods whose command line names another pod (a group's leader) that has no IP yet, by uid.
+        self._awaiting_peer: dict[str, Manifest] = {}
         self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(3.0))
 
     # -- the watch -------------------------------------------------------------------------------------
@@ -137,11 +142,23 @@ class PodRunner:
         watch = informer.Informer(self.api, "Pod", labels={label: value}, on_event=self._on_event,
                                   max_pause_s=10.0)
         await watch.start()
+        retry = asyncio.create_task(self._start_awaiting(), name="start pods awaiting a peer")
         try:
             await stop.wait()
         finally:
+            retry.cancel()
+            await asyncio.gather(retry, return_exceptions=True)
             await watch.stop()
             await self.shutdown()
+
+    async def _start_awaiting(self) -> None:
+        """Start the pods that waited for a peer's address, once it has one (no event may come)."""
+        while True:
+            await asyncio.sleep(FIRST_PROBE_S)
+            for uid, pod in list(self._awaiting_peer.items()):
+                del self._awaiting_peer[uid]
+                if uid not in self.pods:
+                    await self._start(pod)
 
     async def _load_nodes(self) -> None:
         self.nodes = {}
@@ -153,6 +170,8 @@ class PodRunner:
     async def _on_event(self, kind: str, pod: Manifest) -> None:
         uid = pod["metadata"]["uid"]
         running = self.pods.get(uid)
+        if kind == "DELETED" or pod["metadata"].get("deletionTimestamp"):
+            self._awaiting_peer.pop(uid, None)
         if kind == "DELETED":
             if running is not None and not running.terminating:
                 await self._forget(running, why="deleted")  # forced: no graceful termination was asked
@@ -235,6 +254,16 @@ class PodRunner:
             return
         try:
             spec = podspec.process_spec(pod, pod_ip=ip, host_ip=node_ip)
+            peers = podspec.pod_dns_names(spec)
+            if peers:
+                addresses = self._pod_addresses(pod, ip)
+                if peers - set(addresses):
+                    # A peer (its group's leader) has no IP yet: start once it has, as the process would
+                    # retry the name until the cluster's DNS answered it.
+                    self._used_ips.discard(ip)
+                    self._awaiting_peer[meta["uid"]] = pod
+                    return
+                spec = podspec.resolve_pod_names(spec, addresses)
             folder = self.secrets / key
             folder.mkdir(parents=True, exist_ok=True)
             kubeconfig = await self._service_account_kubeconfig(pod, folder)
@@ -255,6 +284,15 @@ class PodRunner:
         self.pods[running.uid] = running
         await self._spawn(running)
         running.tasks.append(asyncio.create_task(self._supervise(running), name=f"run {running.key}"))
+
+    def _pod_addresses(self, pod: Manifest, ip: str) -> dict[podspec.PodName, str]:
+        """The DNS names of the pods this runner runs (and of `pod` itself, about to get `ip`)."""
+        addresses = {key: r.ip for r in self.pods.values()
+                     if not r.terminating and (key := podspec.pod_dns_key(r.pod)) is not None}
+        own = podspec.pod_dns_key(pod)
+        if own is not None:
+            addresses[own] = ip
+        return addresses
 
     async def _waiting(self, pod: Manifest, reason: str, message: str) -> None:
         """A pod whose container cannot start: Pending, the container waiting for `reason`."""

@@ -75,6 +75,7 @@ class ClosedLoop:
     risk: float = 0.5
     fast_path_s: int = 5  # spec.planner.fastPathSeconds; 0: the interval's forecast alone
     window_s: float | None = None  # the trace's and the timeline's step; None: one planning interval
+    nodes: int = 1  # pods per worker replica: > 1 runs each as a group, TP over one GPU per pod
 
     @property
     def step_s(self) -> float:
@@ -116,6 +117,8 @@ class ClosedLoop:
         components: dict[str, Any] = {"frontend": {"replicas": 1, "router": {"policy": "least-loaded"}}}
         for name, low, high in self.bounds:
             components[name] = {"replicas": low, "gpus": 1, "scaling": {"min": low, "max": high}}
+            if self.nodes > 1:  # a group of one-GPU pods, tensor-parallel across them
+                components[name].update(nodes=self.nodes, parallelism={"tensor": self.nodes})
         # A decode pod drains its streams on SIGTERM; give it longer than the longest generation.
         components["decode"]["drainSeconds"] = 110
         return {
@@ -135,7 +138,7 @@ class ClosedLoop:
         }
 
     def profile(self) -> profiles.Profile:
-        return scaled_profile(self.preset, self.gpu, self.speedup)
+        return scaled_profile(self.preset, self.gpu, self.speedup, tensor_parallel=self.nodes, nodes=self.nodes)
 
     def profile_config_map(self) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -173,13 +176,16 @@ class ClosedLoop:
         return None
 
 
-def scaled_profile(preset: str, gpu: str, speedup: float) -> profiles.Profile:
-    """The performance model's profile of (preset, gpu), for an engine running `speedup` × real time.
+def scaled_profile(preset: str, gpu: str, speedup: float, *, tensor_parallel: int = 1, nodes: int = 1
+                   ) -> profiles.Profile:
+    """The performance model's profile of (preset, gpu) (a replica of `tensor_parallel` GPUs over
+    `nodes` nodes), for an engine running `speedup` × real time.
 
     The same grid as the planner's built-in simulator profile; every duration is divided by the
     speedup and every throughput multiplied by it, since that is what the wall clock sees.
     """
-    model = perfmodel.PerformanceModel(perfmodel.MODELS[preset], perfmodel.GPUS[gpu])
+    model = perfmodel.PerformanceModel(perfmodel.MODELS[preset], perfmodel.GPUS[gpu], tensor_parallel=tensor_parallel,
+                                       nodes=nodes)
     base = profiles.from_performance_model(
         model, isls=[128, 512, 1024, 2048, 4096, 8192, 16384], contexts=[512, 1024, 2048, 4096, 8192, 16384],
         concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,3 +207,9 @@ def test_a_group_that_cannot_be_placed_whole_is_reported_and_released(
     (pods,) = groups(kubectl, namespace, "narrow", "aggregated").values()
     assert len({racks[p["spec"]["nodeName"]] for p in pods}) == 1, [p["spec"]["nodeName"] for p in pods]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2
+
+
+def test_the_multinode_sample_is_accepted_as_written(kubectl: Kubectl, crds: None) -> None:
+    result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f",
+                         str(Path(__file__).resolve().parents[2] / "manifests" / "samples" / "multinode.yaml"))
+    assert "created (server dry run)" in result.stdout
