@@ -86,6 +86,17 @@ async def _heartbeat(writer: asyncio.StreamWriter, every_s: float) -> None:
             await asyncio.sleep(every_s)
 
 
+async def _hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, heartbeat_s: float,
+                timeout_s: float) -> None:
+    """Beat and listen until the peer closes the connection or falls silent for `timeout_s`."""
+    beat = asyncio.create_task(_heartbeat(writer, heartbeat_s))
+    try:
+        while await _receive(reader, timeout_s) is not None:
+            pass
+    finally:
+        beat.cancel()
+
+
 class GroupLeader:
     """Rank 0: admits the other ranks, then watches them. `on_complete` runs once all have joined,
     `on_broken` once one is lost."""
@@ -157,12 +168,7 @@ class GroupLeader:
         if len(self.joined) == self.identity.nnodes - 1:
             self.complete = True
             await self.on_complete()
-        beat = asyncio.create_task(_heartbeat(writer, self.heartbeat_s))
-        try:
-            while await _receive(reader, self.timeout_s) is not None:
-                pass
-        finally:
-            beat.cancel()
+        await _hold(reader, writer, heartbeat_s=self.heartbeat_s, timeout_s=self.timeout_s)
         await self._lose(f"rank {rank} is gone (its connection closed or fell silent)")
 
     async def _lose(self, reason: str) -> None:
@@ -201,12 +207,7 @@ class GroupMember:
                 return f"the leader refused rank {self.rank}: {refusal}"
             self.joined = True
             logger.info("rank %d joined the leader at %s:%d", self.rank, self.leader_host, self.leader_port)
-            beat = asyncio.create_task(_heartbeat(writer, self.heartbeat_s))
-            try:
-                while await _receive(reader, self.timeout_s) is not None:
-                    pass
-            finally:
-                beat.cancel()
+            await _hold(reader, writer, heartbeat_s=self.heartbeat_s, timeout_s=self.timeout_s)
             return "the leader is gone (its connection closed or fell silent)"
         finally:
             self.joined = False
