@@ -52,6 +52,8 @@ ANNOTATION_APPLIED = "fleetpilot.dev/applied-digest"
 
 OPERATOR = "fleetpilot-operator"
 PLANNER = "fleetpilot-planner"
+#: `fleetpilot profile --apply` writes the profile's ConfigMap as this field manager.
+PROFILER = "fleetpilot-profiler"
 #: The operator's children say they are managed by it (`app.kubernetes.io/managed-by`).
 MANAGED_BY = OPERATOR
 
