@@ -40,6 +40,14 @@ from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import recommend, sizing
 
 SWEEPS = Path(__file__).resolve().parents[2] / "shared" / "traces" / "calibration" / "silicon_sweeps_h100_h200.csv"
+EXPLAINED = (
+    "A case is one engine/model/GPU/ISL/OSL group of the aggregated sweeps at one SLA (the group's own TTFT and "
+    "TPOT quartiles, nine pairs), where at least one row meets it. Per pick: the share of cases where it is the "
+    "measured best tensor-parallel size (most requests/s per GPU within the SLA); the share where its measured "
+    "throughput per GPU is within 10% of the best's; the median throughput per GPU it gives up where it is not "
+    "the best (100%: no measured row of the picked size meets the SLA). Picks: the recommender; the recommender "
+    "sizing aggregated pools as the planner does (time-shared); the performance model's closed loop at the "
+    "measured concurrencies.")
 LOAD_GPUS = 64  # the load, in GPUs of the measured best: large enough that rounding a replica up hardly ranks
 
 
@@ -217,7 +225,7 @@ def main() -> int:
     print(f"\n{cases} cases in {seconds:.1f} s")
     if args.out is not None:
         args.out.write_text(f"# Recommender vs the measured sweeps\n\n`python benchmarks/recommend_validation.py`"
-                            f" ({cases} cases, {seconds:.1f} s)\n\n{text}\n\nRecommender misses:\n\n"
+                            f" ({cases} cases, {seconds:.1f} s)\n\n{EXPLAINED}\n\n{text}\n\nRecommender misses:\n\n"
                             + "\n".join(f"- {line}" for line in misses) + "\n")
     return 0
 

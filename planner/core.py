@@ -520,10 +520,12 @@ def plan_interval(
     max_running = memory.decode_max_running
     if config.disaggregated:
         max_running = learn_max_running(max_running, observation, serving.get("decode", 0))
+    # Intervals that measured nothing (no traffic) leave the last judgement standing.
     sample = interval_drift(config, capacity, observation, serving, estimate, burst=interval_burst)
+    measured = sample.measured
     memory = dataclasses.replace(memory, calibration=(*memory.calibration, estimate)[-CALIBRATION_INTERVALS:],
                                  decode_max_running=max_running,
-                                 drift=(*memory.drift, sample)[-CALIBRATION_INTERVALS:])
+                                 drift=(*memory.drift, sample)[-CALIBRATION_INTERVALS:] if measured else memory.drift)
     verdict = drifts.judge(memory.drift, threshold=config.drift_threshold)
     corrections = dataclasses.replace(calibrated(memory.calibration),
                                       decode_max_running=max_running if max_running is not None else math.nan)

@@ -14,9 +14,10 @@ taken as a band: from one shared queue to separate queues, the two ends the plan
 sharing lies between. TTFT inside the band is as profiled whatever the sharing; outside, the ratio to
 the nearer end is how far the fleet is off.
 
-Sustained: the median of the per-interval ratios over the intervals kept (the planner's calibration
-window), once at least `MIN_INTERVALS` of them measured it, beyond 1 ± threshold (slower: above
-1 + threshold; faster: below 1 / (1 + threshold)).
+Sustained: the median of the per-interval ratios over the intervals kept (the last ones that measured
+anything, as many as the planner's calibration window: an idle graph keeps its last judgement), once at
+least `MIN_INTERVALS` of them measured it, beyond 1 ± threshold (slower: above 1 + threshold; faster:
+below 1 / (1 + threshold)).
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class Sample:
 
     def predicted(self, metric: Metric) -> float:
         return self.ttft_predicted_s if metric == "ttft" else self.itl_predicted_s
+
+    @property
+    def measured(self) -> bool:
+        """Whether the interval measured either metric against the profile."""
+        return any(math.isfinite(self.ratio(metric)) for metric in METRICS)
 
     def ratio(self, metric: Metric) -> float:
         """Measured over predicted; NaN where either is missing."""

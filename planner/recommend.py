@@ -108,7 +108,8 @@ class Layout:
         return len({pool.parallelism for pool in self.pools.values()}) > 1
 
     def words(self) -> str:
-        return f"{self.mode}: " + ", ".join(f"{name} {pool.words()}" for name, pool in self.pools.items())
+        """`aggregated 3× TP2`, or `prefill 2× TP1 + decode 1× TP2`."""
+        return " + ".join(f"{name} {pool.words()}" for name, pool in self.pools.items())
 
     def sort_key(self) -> tuple[Any, ...]:
         """Cheapest first; at equal GPUs fewer pods, then the simpler mode, then smaller replicas."""
@@ -309,14 +310,19 @@ def why_it_loses(layout: Layout, best: Layout) -> str:
     if not layout.meets_sla:
         return f"cannot hold the SLA: {layout.sizing}"
     if layout.gpus > best.gpus:
-        extra = f"{layout.gpus - best.gpus} more GPUs ({layout.gpus} vs {best.gpus})"
+        more = layout.gpus - best.gpus
+        extra = f"{more} more GPU{'s' if more > 1 else ''} ({layout.gpus} vs {best.gpus})"
         if layout.mode == best.mode:
             costlier = [name for name, pool in layout.pools.items() if pool.gpus > best.pools[name].gpus]
             return extra + ": " + "; ".join(f"{_pool_words(layout, n)} where #1 needs {best.pools[n].gpus}"
                                             for n in costlier)
-        if layout.mode == "aggregated":
-            return extra + ": each replica both prefills and decodes, so it carries less of either"
-        return extra + ": two pools round up separately, and each needs at least one replica"
+        splits = {pool.parallelism for pool in (*layout.pools.values(), *best.pools.values())}
+        if len(splits) == 1:  # the same replicas, only arranged differently
+            if layout.mode == "aggregated":
+                return extra + ": each replica both prefills and decodes, so it carries less of either"
+            return extra + ": the two pools round up separately, and each needs at least one replica"
+        pools = ", ".join(_pool_words(layout, n) for n in layout.pools)
+        return f"{extra}: {pools} against #1's {best.words()}"
     if layout.replicas > best.replicas:
         return f"as many GPUs, in more pods ({layout.replicas} vs {best.replicas})"
     if layout.mode != best.mode:

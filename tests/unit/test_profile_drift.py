@@ -137,3 +137,9 @@ def test_the_api_defaults_and_bounds_the_profile_settings() -> None:
         config(driftThreshold=2)
     with pytest.raises(pydantic.ValidationError, match="autoCorrect|auto_correct|extra"):
         config(autocorrect=True)
+
+
+def test_idle_intervals_leave_the_last_judgement_standing(model: capacity.CapacityModel) -> None:
+    idle = core.Observation(time=0.0, rate_rps=0.0)
+    plan, _ = run(model, config(), [observation(model, slowdown=1.3) for _ in range(6)] + [idle] * 12)
+    assert plan.drift is not None and plan.drift.drifted is True

@@ -46,7 +46,8 @@ def test_ranking_is_by_gpus_and_every_loser_says_why() -> None:
     assert result.ranked[0].loses == ""
     assert all(entry.loses for entry in result.ranked[1:])
     worse = next(e for e in result.ranked if e.layout.meets_sla and e.layout.gpus > feasible[0].gpus)
-    assert f"more GPUs ({worse.layout.gpus} vs {feasible[0].gpus})" in worse.loses
+    more = worse.layout.gpus - feasible[0].gpus
+    assert f"more GPU{'s' if more > 1 else ''} ({worse.layout.gpus} vs {feasible[0].gpus})" in worse.loses
 
 
 def test_a_model_too_big_for_one_gpu_leaves_that_parallelism_out_with_the_reason() -> None:
