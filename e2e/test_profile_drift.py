@@ -27,9 +27,9 @@ from conftest import Graph, run_load
 SLOWDOWN = 1.3
 DRIFT = dataclasses.replace(
     scenario_mod.ClosedLoop(), ttft_ms=1000, itl_ms=90, risk=0.5, fast_path_s=0, engine_slowdown=SLOWDOWN,
-    bounds=(("prefill", 1, 4), ("decode", 1, 4)), shape=((0, 1.5), (120, 1.5)),
+    bounds=(("prefill", 1, 4), ("decode", 1, 4)), shape=((0, 1.5), (100, 1.5)),
 )
-JUDGED_FROM_S = 60.0  # the SLA is judged on requests sent from here on: the planner has had five intervals
+JUDGED_FROM_S = 50.0  # the SLA is judged on requests sent from here on: the planner has had five intervals
 
 
 def drift_run(harness: harness_mod.Harness, results: Path, *, auto_correct: bool) -> dict[str, Any]:
@@ -39,7 +39,7 @@ def drift_run(harness: harness_mod.Harness, results: Path, *, auto_correct: bool
     graph.create()
     try:
         run = run_load(graph, scenario_mod.write_trace(s, results / f"{name}.trace.csv"), results / f"{name}.load.json")
-        # The condition needs five intervals with traffic (the load gave twelve); idle ones leave it standing.
+        # The condition needs five intervals with traffic (the load gave ten); idle ones leave it standing.
         drifted = harness_mod.wait_for(
             lambda: next((c for c in graph.get().get("status", {}).get("conditions", [])
                           if c["type"] == "ProfileDrift" and c["status"] == "True"), None),

@@ -59,6 +59,8 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--osl", type=int, default=sweep.DEFAULT_OSL, help="least output tokens per decode request")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None,
                         help="KV tokens one replica holds (default: from vLLM's /metrics)")
+    parser.add_argument("--metrics-url", default=None,
+                        help="base URL of a worker whose vLLM /metrics to read (default: the endpoint's)")
     parser.add_argument("--speedup", type=float, default=1.0,
                         help="the endpoint runs this many times faster than the modelled GPU (a simulator's "
                              "--speedup): durations are multiplied by it")
@@ -107,7 +109,7 @@ def _usage_in_window(readings: list[tuple[float, float]], window: sweep.Window, 
 
 
 async def measure(args: argparse.Namespace, progress: Progress) -> profiles.Profile:
-    client = client_mod.Client(args.endpoint, model=args.model, api_key=args.api_key)
+    client = client_mod.Client(args.endpoint, model=args.model, api_key=args.api_key, metrics_url=args.metrics_url)
     gpus = args.gpus_per_replica or args.tensor_parallel
     try:
         await client.calibrate()

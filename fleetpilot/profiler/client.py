@@ -37,8 +37,11 @@ class Client:
     """Timed requests to one endpoint (`base_url` without `/v1`), for one served model."""
 
     def __init__(self, base_url: str, *, model: str, timeout_s: float = 600.0, seed: int = 0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, metrics_url: str | None = None) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        # Where the engine's Prometheus metrics are: the endpoint itself for one vLLM server; one of its
+        # workers when the endpoint is a router that exports only its own.
+        self.metrics_url = (metrics_url or self.base_url).rstrip("/") + "/metrics"
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
@@ -113,7 +116,7 @@ class Client:
     async def metric(self, name: str) -> list[tuple[dict[str, str], float]]:
         """The samples of one metric from the server's `/metrics` (labels, value); [] when it has none."""
         try:
-            answer = await self._http.get("/metrics")
+            answer = await self._http.get(self.metrics_url)
         except httpx.HTTPError:
             return []
         if answer.status_code != 200:
