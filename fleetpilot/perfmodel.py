@@ -432,7 +432,8 @@ class PerformanceModel:
         """Seconds to stream the weights a step of `tokens` tokens reads (dense: all of them)."""
         if not self._expert_weights_s:
             return self._weights_s
-        return self._weights_s + self._expert_weights_s * (1.0 - self._expert_miss ** tokens)
+        untouched: float = self._expert_miss**tokens
+        return self._weights_s + self._expert_weights_s * (1.0 - untouched)
 
     def prefill_time(self, batch_tokens: int, context_tokens: int = 0) -> float:
         """One prefill (chunk) step: `batch_tokens` new tokens of one sequence after `context_tokens`.

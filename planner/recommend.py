@@ -277,8 +277,8 @@ def disaggregated(prefill: Candidate, decode: Candidate, load: sizing.Load, sla:
     desired = sizing.size(load, prefill.capacity, sla, decode_capacity=decode.capacity)
     why = [w for w in (_reach(prefill, load, sla, prefill=True, decode=False),
                        _reach(decode, load, sla, prefill=False, decode=True)) if w]
-    pools = {"prefill": Pool(prefill.parallelism, max(1, desired.prefill)),
-             "decode": Pool(decode.parallelism, max(1, desired.decode))}
+    pools: dict[sizing.Pool, Pool] = {"prefill": Pool(prefill.parallelism, max(1, desired.prefill)),
+                                      "decode": Pool(decode.parallelism, max(1, desired.decode))}
     return Layout("disaggregated", pools, meets_sla=not why, sizing="; ".join(why) or desired.reason)
 
 
