@@ -29,7 +29,8 @@ DRIFT = dataclasses.replace(
     scenario_mod.ClosedLoop(), ttft_ms=1000, itl_ms=90, risk=0.5, fast_path_s=0, engine_slowdown=SLOWDOWN,
     bounds=(("prefill", 1, 4), ("decode", 1, 4)), shape=((0, 1.5), (100, 1.5)),
 )
-JUDGED_FROM_S = 50.0  # the SLA is judged on requests sent from here on: the planner has had five intervals
+# The SLA is judged on requests sent from here on: the forecast has six intervals of the load behind it.
+JUDGED_FROM_S = 60.0
 
 
 def drift_run(harness: harness_mod.Harness, results: Path, *, auto_correct: bool) -> dict[str, Any]:
@@ -85,6 +86,8 @@ def test_a_slow_fleet_is_reported_and_autocorrect_meets_the_sla(harness: harness
         assert run["errors"] == 0, both
     # The scenario tests something only if the profile as written broke the ITL target ...
     assert as_profiled["itl_p90_ms"] > DRIFT.itl_ms, both
-    # ... and the learned correction met the SLA again, with more decode replicas.
+    # ... and the learned correction met the SLA again. (Decode's replica count alone does not tell the runs
+    # apart: a decode backlog teaches the uncorrected planner an engine cap, which autoCorrect leaves on, and
+    # it adds a decode replica late.)
     assert corrected["itl_p90_ms"] <= DRIFT.itl_ms and corrected["ttft_p90_ms"] <= DRIFT.ttft_ms, both
-    assert corrected["decode_desired_max"] > as_profiled["decode_desired_max"], both
+    assert corrected["sla_attainment"] > as_profiled["sla_attainment"], both

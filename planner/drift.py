@@ -145,7 +145,7 @@ def judge(samples: Sequence[Sample], *, threshold: float = DEFAULT_THRESHOLD,
         return dataclasses.replace(verdict, message=f"within {threshold:.0%} of the profile: "
                                    + "; ".join(f.words() for f in figures))
     slower = [f for f in off if f.ratio > 1.0]
-    how = "slower" if len(slower) == len(off) else ("faster" if not slower else "off")
-    message = (f"the fleet runs {how} than its profile beyond {threshold:.0%}: " + "; ".join(f.words() for f in off)
+    how = "runs slower than" if len(slower) == len(off) else ("runs faster than" if not slower else "differs from")
+    message = (f"the fleet {how} its profile beyond {threshold:.0%}: " + "; ".join(f.words() for f in off)
                + ("; within it: " + "; ".join(f.words() for f in within) if within else ""))
     return dataclasses.replace(verdict, drifted=True, reason="Drifted", message=message)

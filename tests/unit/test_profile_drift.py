@@ -114,6 +114,8 @@ def test_a_faster_fleet_is_drift_too() -> None:
     assert verdict.drifted is True and "faster than its profile" in verdict.message
     figure = verdict.figure("ttft")
     assert figure is not None and figure.ratio == pytest.approx(0.5)
+    mixed = drift.judge([drift.Sample(0.1, 0.2, 0.026, 0.02)] * 6)
+    assert mixed.drifted is True and mixed.message.startswith("the fleet differs from its profile beyond 20%")
 
 
 def test_auto_correct_off_sizes_from_the_profile_as_written(model: capacity.CapacityModel) -> None:
