@@ -27,7 +27,11 @@ from conftest import Graph, run_load
 SLOWDOWN = 1.3
 DRIFT = dataclasses.replace(
     scenario_mod.ClosedLoop(), ttft_ms=1000, itl_ms=90, risk=0.5, fast_path_s=0, engine_slowdown=SLOWDOWN,
-    bounds=(("prefill", 1, 4), ("decode", 1, 4)), shape=((0, 1.5), (100, 1.5)),
+    # Prefill starts and stays at two or more: the live planner cannot measure prefill's speed (the engines
+    # report no busy share) and this engine's prefill is faster than its profile says (the profile's 18.8 ms
+    # per-request overhead, docs/decisions.md), so with one replica TTFT depended on the forecast's first
+    # intervals and the machine's load, not on what the scenario tests.
+    bounds=(("prefill", 2, 4), ("decode", 1, 4)), shape=((0, 1.5), (100, 1.5)),
 )
 # The SLA is judged on requests sent from here on: the forecast has six intervals of the load behind it.
 JUDGED_FROM_S = 60.0
