@@ -113,7 +113,7 @@ async def measure(args: argparse.Namespace, progress: Progress) -> profiles.Prof
     gpus = args.gpus_per_replica or args.tensor_parallel
     try:
         await client.calibrate()
-        await client.stream(client.prompt(16), max_tokens=2)  # warm-up: connections, the engine's first step
+        await client.burst(16, 1, max_tokens=2)  # warm-up: connections, the engine's first step
         kv_tokens = args.kv_capacity_tokens
         if kv_tokens is None:
             info = await client.metric("vllm:cache_config_info")
@@ -126,7 +126,7 @@ async def measure(args: argparse.Namespace, progress: Progress) -> profiles.Prof
             for batch in batches:
                 ttfts = []
                 for _ in range(args.repeats):
-                    streams, offsets = await client.burst([client.prompt(isl) for _ in range(batch)], max_tokens=1)
+                    streams, offsets = await client.burst(isl, batch, max_tokens=1)
                     ttfts.append(max(o + s.ttft for s, o in zip(streams, offsets, strict=True)))
                 prefill.append(sweep.PrefillSample(isl, batch, tuple(ttfts)))
                 progress.advance(prefill_task)
@@ -174,8 +174,7 @@ async def _decode_point(client: client_mod.Client, prefill: list[sweep.PrefillSa
         prompt_tokens = context - tokens // 2
         if prompt_tokens < 1:
             return None, itl_guess, f"an output of {tokens} tokens leaves no prompt"
-        burst = asyncio.create_task(client.burst([client.prompt(prompt_tokens) for _ in range(concurrency)],
-                                                 max_tokens=tokens))
+        burst = asyncio.create_task(client.burst(prompt_tokens, concurrency, max_tokens=tokens))
         readings = await _kv_usage_while(client, burst, period_s=0.25)
         streams, offsets = burst.result()
         window = sweep.decode_window(streams, offsets=offsets)

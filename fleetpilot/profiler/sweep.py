@@ -42,7 +42,6 @@ class Stream:
     """One request as the client saw it: when each output token arrived, in seconds after it was sent."""
 
     token_times: tuple[float, ...]
-    prompt_tokens: int | None = None  # as the server counted them (usage), when it said
 
     @property
     def ttft(self) -> float:
