@@ -4,7 +4,9 @@ real apiserver.
 
 The simulator runs at `--speedup 0.05` (twenty times slower than the H200 it models), so the few
 milliseconds HTTP and the event loops add to each request on a busy machine are small against the
-times measured; the profiler is told the same speedup and reports the modelled GPU's times.
+times measured; the profiler is told the same speedup and reports the modelled GPU's times. The
+shortest prompt is 2,048 tokens: at 1,024 those milliseconds (up to ~28 ms of wall time while other
+jobs loaded the machine) made +2.3% to +8.4% of a 16 ms TTFT, too near the 10% bound.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ FLEETPILOT = str(Path(sys.executable).parent / "fleetpilot")
 SPEEDUP = 0.05
 MODEL = perfmodel.PerformanceModel(perfmodel.MODELS["llama-3.1-8b"], perfmodel.GPUS["h200-sxm"])
 CHUNK = scheduler_mod.SchedulerConfig().max_num_batched_tokens
-SWEEP = ["--isl", "1024,4096,9216", "--batch", "1,2", "--repeats", "2", "--context", "512,2048",
+SWEEP = ["--isl", "2048,4096,9216", "--batch", "1,2", "--repeats", "2", "--context", "512,2048",
          "--concurrency", "1,4,16", "--speedup", str(SPEEDUP), "--engine", "simulator", "--gpu", "h200-sxm"]
 
 
@@ -101,7 +103,7 @@ def test_the_profile_measured_from_the_simulator_matches_its_performance_model(m
     kv = scheduler_mod.Scheduler(MODEL, scheduler_mod.SchedulerConfig()).kv.total * scheduler_mod.SchedulerConfig().block_size
     print(f"KV capacity: measured {measured.kv_capacity_tokens}, simulator {kv}")
     assert len(measured.prefill) == 3 and len(measured.decode) == 6
-    assert {(p.isl, p.batch) for p in measured.prefill_batched} == {(1024, 2), (4096, 2), (9216, 2)}
+    assert {(p.isl, p.batch) for p in measured.prefill_batched} == {(2048, 2), (4096, 2), (9216, 2)}
     assert max(errors) <= 0.10, f"worst error {max(errors):.1%}"
     assert measured.kv_capacity_tokens == kv
 
