@@ -31,10 +31,12 @@ DRIFT = dataclasses.replace(
     # report no busy share) and this engine's prefill is faster than its profile says (the profile's 18.8 ms
     # per-request overhead, docs/decisions.md), so with one replica TTFT depended on the forecast's first
     # intervals and the machine's load, not on what the scenario tests.
-    bounds=(("prefill", 2, 4), ("decode", 1, 4)), shape=((0, 1.5), (100, 1.5)),
+    bounds=(("prefill", 2, 4), ("decode", 1, 4)), shape=((0, 1.5), (140, 1.5)),
 )
-# The SLA is judged on requests sent from here on: the forecast has six intervals of the load behind it.
-JUDGED_FROM_S = 60.0
+# The SLA is judged on requests sent from here on. The frontend reports a request's ITL when it ends, 256
+# tokens (~22 s) after it began, so the planner learns the decode speed from about 30 s; its decision then
+# takes an interval and a pod ~10 s: in the runs that set this, decode was scaled at 40-60 s.
+JUDGED_FROM_S = 80.0
 
 
 def drift_run(harness: harness_mod.Harness, results: Path, *, auto_correct: bool) -> dict[str, Any]:
@@ -44,7 +46,7 @@ def drift_run(harness: harness_mod.Harness, results: Path, *, auto_correct: bool
     graph.create()
     try:
         run = run_load(graph, scenario_mod.write_trace(s, results / f"{name}.trace.csv"), results / f"{name}.load.json")
-        # The condition needs five intervals with traffic (the load gave ten); idle ones leave it standing.
+        # The condition needs five intervals with traffic (the load gave fourteen); idle ones leave it standing.
         drifted = harness_mod.wait_for(
             lambda: next((c for c in graph.get().get("status", {}).get("conditions", [])
                           if c["type"] == "ProfileDrift" and c["status"] == "True"), None),
