@@ -39,7 +39,9 @@ from fleetpilot import perfmodel
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import recommend, sizing
 
-SWEEPS = Path(__file__).resolve().parents[2] / "shared" / "traces" / "calibration" / "silicon_sweeps_h100_h200.csv"
+# The shared traces beside the checkout; FLEETPILOT_TRACES names another copy (as for benchmarks/backtest.py).
+TRACES = Path(os.environ.get("FLEETPILOT_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces"))
+SWEEPS = TRACES / "calibration" / "silicon_sweeps_h100_h200.csv"
 EXPLAINED = (
     "A case is one engine/model/GPU/ISL/OSL group of the aggregated sweeps at one SLA (the group's own TTFT and "
     "TPOT quartiles, nine pairs), where at least one row meets it. Per pick: the share of cases where it is the "
