@@ -75,6 +75,9 @@ class ClosedLoop:
     risk: float = 0.5
     fast_path_s: int = 5  # spec.planner.fastPathSeconds; 0: the interval's forecast alone
     window_s: float | None = None  # the trace's and the timeline's step; None: one planning interval
+    # The engine runs this many times slower than the profile the planner is given says (1: as profiled).
+    engine_slowdown: float = 1.0
+    auto_correct: bool | None = None  # spec.planner.profile.autoCorrect; None: the API's default
 
     @property
     def step_s(self) -> float:
@@ -112,7 +115,8 @@ class ClosedLoop:
     # -- objects -------------------------------------------------------------------------------------------
 
     def graph_manifest(self, *, mode: str = "sla") -> dict[str, Any]:
-        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu, "--speedup", f"{self.speedup:g}"]
+        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu,
+                       "--speedup", f"{self.speedup / self.engine_slowdown:g}"]
         components: dict[str, Any] = {"frontend": {"replicas": 1, "router": {"policy": "least-loaded"}}}
         for name, low, high in self.bounds:
             components[name] = {"replicas": low, "gpus": 1, "scaling": {"min": low, "max": high}}
@@ -130,7 +134,8 @@ class ClosedLoop:
                 "planner": {"mode": mode, "predictor": "constant", "intervalSeconds": self.interval_s,
                             "risk": self.risk, "fastPathSeconds": self.fast_path_s,
                             "sla": {"ttftMs": self.ttft_ms, "itlMs": self.itl_ms, "percentile": self.percentile},
-                            "profileRef": {"configMap": f"{self.graph}-profile"}},
+                            "profileRef": {"configMap": f"{self.graph}-profile"},
+                            **({"profile": {"autoCorrect": self.auto_correct}} if self.auto_correct is not None else {})},
             },
         }
 

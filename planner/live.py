@@ -32,6 +32,7 @@ from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import capacity as capacities
 from fleetpilot.planner import core, frontends, reactive, sizing, zero
+from fleetpilot.planner import drift as drifts
 from fleetpilot.planner import observe as observe_mod
 from fleetpilot.planner.observe import PrometheusObserver
 
@@ -87,8 +88,16 @@ FAST_PATH_READS = Counter("fleetpilot_planner_fast_path_reads_total",
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
 LEADER = Gauge("fleetpilot_planner_leader",
                 "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
+PROFILE_DRIFT = Gauge("fleetpilot_planner_profile_drift",
+                      "1 while the graph's measured TTFT or ITL differs from its profile's beyond the threshold "
+                      "(the ProfileDrift condition), 0 while within it.", ["namespace", "graph"])
+PROFILE_DRIFT_RATIO = Gauge("fleetpilot_planner_profile_drift_ratio",
+                            "Measured over profile-predicted latency at the observed load (median of the recent "
+                            "intervals), per metric (ttft, itl).", ["namespace", "graph", "metric"])
 PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Time to plan one graph once.",
                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
+PROFILE_DRIFT_CONDITION = "ProfileDrift"
 
 # How far back a planner that starts (or becomes leader) reads a graph's load from Prometheus: a week,
 # within what any predictor looks at (core.HISTORY_LIMIT) and what one range query returns (11,000).
@@ -403,7 +412,7 @@ class LivePlanner:
             if holding_for_rollout:
                 verb = "advising until the rollout completes (replicas untouched)"
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}",
-                               learned=core.learned(self.memory[key]))
+                               learned=core.learned(self.memory[key]), profile=capacity.profile.source)
         return plan
 
     async def wake_or_sleep(self, body: dict[str, Any]) -> dict[str, int]:
@@ -545,15 +554,18 @@ class LivePlanner:
                 FORECAST_COVERAGE.labels(namespace, name, load, f"{level:g}").set(share)
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
-                      message: str, learned: dict[str, float] | None = None) -> None:
+                      message: str, learned: dict[str, float] | None = None, profile: str | None = None) -> None:
         conditions = body.get("status", {}).get("conditions", [])
         previous = contract.find_condition(conditions, "PlannerActive") or {}
         block: dict[str, Any] = {"lastDecisionTime": contract.now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
                                  "reason": message[:1024]}
+        known = (body.get("status") or {}).get("planner") or {}
         if learned:
             block["learned"] = learned
-        elif "learned" in ((body.get("status") or {}).get("planner") or {}):
-            block["learned"] = body["status"]["planner"]["learned"]  # holding: keep what is known
+        elif "learned" in known:
+            block["learned"] = known["learned"]  # holding: keep what is known
+        if profile or known.get("profile"):
+            block["profile"] = (profile or known["profile"])[:512]  # which profile the graph is sized from
         if plan is not None:
             block["replicas"] = dict(plan.replicas)
             block["binding"] = dict(plan.binding)
@@ -567,17 +579,38 @@ class LivePlanner:
                                       "isl": round(plan.predicted.isl), "osl": round(plan.predicted.osl),
                                       "predictor": plan.predictor,
                                       "risk": body["spec"]["planner"].get("risk", core.DEFAULT_RISK)}
+        generation = body["metadata"].get("generation", 0)
+        drifting = self._drift_condition(body, plan.drift if plan is not None else None, generation)
         await self.kube.apply({
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]},
             "status": {
                 "planner": block,
                 "conditions": [contract.condition("PlannerActive", active, reason, message, previous=conditions,
-                                                  generation=body["metadata"].get("generation", 0))],
+                                                  generation=generation), *drifting],
             },
         }, subresource="status")
         if previous.get("reason") != reason:
             await self._event(body, reason, message, warning=not active)
+        was = contract.find_condition(conditions, PROFILE_DRIFT_CONDITION) or {}
+        if drifting and drifting[0]["status"] == "True" and was.get("status") != "True":
+            await self._event(body, PROFILE_DRIFT_CONDITION, drifting[0]["message"], warning=True)
+
+    def _drift_condition(self, body: dict[str, Any], verdict: drifts.Verdict | None,
+                         generation: int) -> list[dict[str, Any]]:
+        """The ProfileDrift condition for this report: from the verdict, else (holding) the one the graph has,
+        which the planner, applying status server-side, must send again to keep."""
+        conditions = body.get("status", {}).get("conditions", [])
+        if verdict is None:
+            kept = contract.find_condition(conditions, PROFILE_DRIFT_CONDITION)
+            return [dict(kept)] if kept else []
+        meta = body["metadata"]
+        PROFILE_DRIFT.labels(meta["namespace"], meta["name"]).set(1 if verdict.drifted else 0)
+        for figure in verdict.figures:
+            PROFILE_DRIFT_RATIO.labels(meta["namespace"], meta["name"], figure.metric).set(figure.ratio)
+        status = "Unknown" if verdict.drifted is None else verdict.drifted
+        return [contract.condition(PROFILE_DRIFT_CONDITION, status, verdict.reason, verdict.message,
+                                   previous=conditions, generation=generation)]
 
     async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         try:

@@ -69,6 +69,8 @@ ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 OPERATOR = "fleetpilot-operator"
 PLANNER = "fleetpilot-planner"
+#: `fleetpilot profile --apply` writes the profile's ConfigMap as this field manager.
+PROFILER = "fleetpilot-profiler"
 #: The operator's children say they are managed by it (`app.kubernetes.io/managed-by`).
 MANAGED_BY = OPERATOR
 

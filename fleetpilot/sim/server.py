@@ -534,7 +534,8 @@ def create_app(
     config: ServerConfig, sim: engine.Engine, *, registry: CollectorRegistry | None = None
 ) -> Starlette:
     """The ASGI app for one simulated worker; its lifespan starts and stops the engine loop."""
-    metrics = metrics_mod.SimMetrics(model_name=config.served_model, snapshot=sim.snapshot, registry=registry)
+    metrics = metrics_mod.SimMetrics(model_name=config.served_model, snapshot=sim.snapshot, registry=registry,
+                                     block_size=sim.scheduler.config.block_size)
     sim.add_finish_listener(metrics.observe)
     service = _Service(config, sim, metrics)
     get, post = ["GET"], ["POST"]

@@ -185,7 +185,7 @@ def exported_metrics() -> set[str]:
     names = _family_samples(list(prometheus_client.REGISTRY.collect()))  # operator, planner, process_*
     names |= _family_samples(list(frontend_metrics.FrontendMetrics().registry.collect()))
     snapshot = types.SimpleNamespace(running=0, waiting=0, kv_usage=0.0, preemptions=0, prompt_tokens=0,
-                                     generation_tokens=0, finished={})
+                                     generation_tokens=0, finished={}, kv_blocks_total=0)
     sim = sim_metrics.SimMetrics(model_name="m", snapshot=lambda: snapshot)  # type: ignore[arg-type, return-value]
     names |= _family_samples(list(sim.registry.collect()))
     return names | {"up"}

@@ -350,3 +350,43 @@ def test_nothing_scales_to_zero_or_wakes_during_a_rollout(monkeypatch: Any) -> N
     planner, kube, body = zero_planner(monkeypatch, held=0, idle_s=900, replicas=2, rollout="Progressing")
     assert asyncio.run(planner.wake_or_sleep(body)) == {} and not kube.patches
     assert live.rolling_out(body) and not live.rolling_out({**body, "status": {"rollout": {"phase": "Stalled"}}})
+def test_the_profile_drift_condition_is_reported_kept_while_holding_and_announced_once() -> None:
+    """The planner applies status server-side: a condition it stops sending is removed. So a report without a
+    verdict (holding for lack of metrics) sends the ProfileDrift condition the graph already has; a change to
+    True is a Warning Event, an unchanged True is not."""
+    from fleetpilot.planner import core, drift
+
+    class Applied(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.applied: list[dict[str, Any]] = []
+            self.warnings: list[str] = []
+
+        async def apply(self, manifest: dict[str, Any], *, subresource: str) -> None:
+            self.applied.append(manifest)
+
+        async def event(self, body: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
+            await super().event(body, type_=type_, reason=reason, message=message)
+            if type_ == "Warning":
+                self.warnings.append(reason)
+
+    kube = Applied()
+    planner = live.LivePlanner(kube, None)  # type: ignore[arg-type]
+    body: dict[str, Any] = {"metadata": {"name": "g", "namespace": "ns", "generation": 2},
+                            "spec": {"planner": {"mode": "sla"}}, "status": {"conditions": []}}
+    slow = drift.judge([drift.Sample(itl_observed_s=0.026, itl_predicted_s=0.02)] * 6)
+    plan = core.Plan(replicas={}, reasons=[], data_ok=True, observed=core.Observation(time=0.0), drift=slow)
+
+    def conditions() -> dict[str, dict[str, Any]]:
+        return {c["type"]: c for c in kube.applied[-1]["status"]["conditions"]}
+
+    asyncio.run(planner._report(body, plan=plan, active=True, reason="Planning", message="m"))
+    drifted = conditions()["ProfileDrift"]
+    assert (drifted["status"], drifted["reason"]) == ("True", "Drifted") and "×1.30" in drifted["message"]
+    assert kube.warnings == ["ProfileDrift"]
+
+    body["status"]["conditions"] = list(conditions().values())
+    asyncio.run(planner._report(body, plan=None, active=False, reason="NoMetrics", message="holding"))
+    assert conditions()["ProfileDrift"] == drifted
+    asyncio.run(planner._report(body, plan=plan, active=True, reason="Planning", message="m"))
+    assert kube.warnings == ["ProfileDrift", "NoMetrics"]  # the drift was not announced again
