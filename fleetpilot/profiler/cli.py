@@ -113,6 +113,9 @@ async def measure(args: argparse.Namespace, progress: Progress) -> profiles.Prof
     gpus = args.gpus_per_replica or args.tensor_parallel
     try:
         await client.calibrate()
+        if not await client.probe_length_extensions():
+            progress.console.print("the endpoint refuses vLLM's min_tokens/ignore_eos: outputs may end early at an "
+                                   "end-of-sequence token (each stream's measured tokens are what count)")
         await client.burst(16, 1, max_tokens=2)  # warm-up: connections, the engine's first step
         kv_tokens = args.kv_capacity_tokens
         if kv_tokens is None:

@@ -40,10 +40,34 @@ class Client:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), headers=headers,
                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
         self.tokens_per_word = 1.0
+        # vLLM's min_tokens/ignore_eos make every output exactly max_tokens long; a server that refuses
+        # unknown fields (Hugging Face's `transformers serve`, strict OpenAI clones) gets neither.
+        self.length_extensions = True
         self._bursts = 0
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def probe_length_extensions(self) -> bool:
+        """Whether the endpoint takes vLLM's `min_tokens`/`ignore_eos`: one short completion with them, and if
+        it is refused with a client error, one without. False (and they are dropped from then on) only when
+        the second answers where the first was refused; any other failure is the endpoint's, for `burst`."""
+        request = traces.Request(0.0, 4, 2)
+        prompt = prompts.build_prompt(request, salt=0, seed=0)
+        url = self.base_url + "/v1/completions"
+
+        async def refused(extensions: bool) -> bool:
+            body = replay_client.request_body(request, model=self.model, prompt=prompt, stream=False,
+                                              length_extensions=extensions)
+            try:
+                answer = await self._http.post(url, json=body)
+            except httpx.HTTPError:
+                return False
+            return 400 <= answer.status_code < 500
+
+        if await refused(True) and not await refused(False):
+            self.length_extensions = False
+        return self.length_extensions
 
     async def calibrate(self) -> None:
         """Tokens per prompt word, from vLLM's `/tokenize` (the simulator serves it too); without it, one:
@@ -64,7 +88,8 @@ class Client:
         words = max(1, round(prompt_tokens / self.tokens_per_word))
         requests = [traces.Request(0.0, words, max_tokens)] * count
         results = await replay_client.replay(requests, url=self.base_url, model=self.model, timeout_s=self.timeout_s,
-                                             prompt_seed=self._bursts, client=self._http)
+                                             prompt_seed=self._bursts, client=self._http,
+                                             length_extensions=self.length_extensions)
         failed = [r for r in results if r.status != "ok" or not r.token_times_s]
         if failed:
             raise EndpointError(f"{self.base_url}: {len(failed)} of {count} requests failed: "
