@@ -23,6 +23,8 @@ import harness as harness_mod
 import scenario as scenario_mod
 from conftest import Graph, run_load
 
+from fleetpilot.api import contract
+
 COMPONENTS = scenario_mod.COMPONENTS
 TOTAL_GPUS = 32
 
@@ -40,6 +42,8 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
                    results / "closed_loop.load.json")
         table = graph.kubectl.run("get", "dg", s.graph, "-n", s.namespace).stdout
         final = graph.get()
+        pods = graph.kubectl.json("get", "pods", "-n", s.namespace, "-l", f"fleetpilot.dev/graph={s.graph}")["items"]
+        targets = harness.pod_targets()
     finally:
         graph.delete()
     samples, load, t0, load_start = run["samples"], run["load"], run["t0"], run["load_start"]
@@ -63,6 +67,8 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
                                     if n is not None and n > low), None)
     peak = {c: max(n or 0 for _, n in _series(samples, t0, f"{c}_desired")) for c in COMPONENTS}
     final_desired = {c: samples[-1][f"{c}_desired"] for c in COMPONENTS}
+    scraped = {t["discoveredLabels"]["__meta_kubernetes_pod_name"]: t for t in targets
+               if t["labels"].get("namespace") == s.namespace}
     statuses = [r["status"] for r in load["requests"]]
     summary = {
         "requests": len(statuses), "ok": statuses.count("ok"), "errors": statuses.count("error"),
@@ -73,6 +79,8 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
         "peak_desired": peak, "final_desired": final_desired,
         "kubectl_get_dg": table, "planner_status": final.get("status", {}).get("planner"),
         "rbac": harness.rbac_source,
+        "prometheus_pod_targets": {name: {"scrape_url": t["scrapeUrl"], "health": t["health"], "labels": t["labels"]}
+                                   for name, t in scraped.items()},
     }
     marks = {f"{c} needed": needs[c] for c in COMPONENTS} | {"load start": load_start}
     scenario_mod.write_results("closed_loop", results, scenario=s, rows=rows, summary=summary,
@@ -101,6 +109,18 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
         assert (sample.get("Degraded") or {}).get("reason") != "Unschedulable", sample
     # Drain works: no request failed, through every scale-down.
     assert summary["errors"] == 0 and summary["cancelled"] == 0, load["summary"]["error_kinds"]
+    # Prometheus found the graph's pods itself (kubernetes_sd, role pod) and scrapes each one, labelled
+    # as the chart's PodMonitor labels them.
+    serving = [(pod, url) for pod in pods if (url := contract.pod_http_url(pod)) is not None]
+    assert serving, pods
+    for pod, url in serving:
+        name = pod["metadata"]["name"]
+        target = scraped.get(name)
+        assert target is not None, f"Prometheus has no target for pod {name}: {sorted(scraped)}"
+        assert target["health"] == "up", target
+        assert target["labels"]["graph"] == s.graph and target["labels"]["pod"] == name, target
+        assert target["labels"]["component"] == pod["metadata"]["labels"]["fleetpilot.dev/component"], target
+        assert target["scrapeUrl"] == f"{url}/metrics", target
     # `kubectl get dg` shows the planner's last decision.
     planner = final["status"]["planner"]
     assert planner["summary"] in table, (table, planner)
