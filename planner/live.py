@@ -434,7 +434,8 @@ class LivePlanner:
     def _export_sla(self, namespace: str, name: str, sla: api.SlaTarget) -> None:
         """The SLA as the alert rules and dashboards join it; a changed target's old bucket series goes."""
         for metric, target_s in (("ttft", sla.ttft_ms / 1e3), ("itl", sla.itl_ms / 1e3)):
-            le = floatToGoString(contract.latency_bucket(target_s))
+            # The `le` text prometheus_client writes for that bound in the frontend's histograms.
+            le = floatToGoString(contract.latency_bucket(target_s))  # type: ignore[no-untyped-call]
             before = self._sla_buckets.get((namespace, name, metric))
             if before is not None and before != le:
                 SLA_TARGET.remove(namespace, name, metric, before)
