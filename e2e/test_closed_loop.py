@@ -33,6 +33,19 @@ def _series(samples: list[dict[str, Any]], t0: float, key: str) -> list[tuple[fl
     return [(x["t_unix"] - t0, x.get(key)) for x in samples]
 
 
+def scraped_pods(harness: harness_mod.Harness, s: scenario_mod.ClosedLoop) -> (
+        tuple[list[tuple[dict[str, Any], str]], dict[str, dict[str, Any]]] | None):
+    """The graph's serving pods (with their URL) and Prometheus' kubernetes_sd targets by pod name, once
+    every serving pod has a target that is up; None before."""
+    pods = harness.kubectl.json("get", "pods", "-n", s.namespace, "-l", f"fleetpilot.dev/graph={s.graph}")["items"]
+    serving = [(pod, url) for pod in pods if (url := contract.pod_http_url(pod)) is not None]
+    scraped = {t["discoveredLabels"]["__meta_kubernetes_pod_name"]: t for t in harness.pod_targets()
+               if t["labels"].get("namespace") == s.namespace}
+    if serving and all(scraped.get(pod["metadata"]["name"], {}).get("health") == "up" for pod, _ in serving):
+        return serving, scraped
+    return None
+
+
 def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, results: Path) -> None:
     s = scenario_mod.ClosedLoop()
     graph = Graph(harness, s)
@@ -42,8 +55,10 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
                    results / "closed_loop.load.json")
         table = graph.kubectl.run("get", "dg", s.graph, "-n", s.namespace).stdout
         final = graph.get()
-        pods = graph.kubectl.json("get", "pods", "-n", s.namespace, "-l", f"fleetpilot.dev/graph={s.graph}")["items"]
-        targets = harness.pod_targets()
+        # Prometheus' discovery follows pods within seconds (a watch): wait for it rather than race it.
+        serving, scraped = harness_mod.wait_for(
+            lambda: scraped_pods(harness, s), timeout=30,
+            what=lambda: f"a Prometheus target, up, for each serving pod; targets: {harness.pod_targets()}")
     finally:
         graph.delete()
     samples, load, t0, load_start = run["samples"], run["load"], run["t0"], run["load_start"]
@@ -67,8 +82,6 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
                                     if n is not None and n > low), None)
     peak = {c: max(n or 0 for _, n in _series(samples, t0, f"{c}_desired")) for c in COMPONENTS}
     final_desired = {c: samples[-1][f"{c}_desired"] for c in COMPONENTS}
-    scraped = {t["discoveredLabels"]["__meta_kubernetes_pod_name"]: t for t in targets
-               if t["labels"].get("namespace") == s.namespace}
     statuses = [r["status"] for r in load["requests"]]
     summary = {
         "requests": len(statuses), "ok": statuses.count("ok"), "errors": statuses.count("error"),
@@ -111,13 +124,9 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
     assert summary["errors"] == 0 and summary["cancelled"] == 0, load["summary"]["error_kinds"]
     # Prometheus found the graph's pods itself (kubernetes_sd, role pod) and scrapes each one, labelled
     # as the chart's PodMonitor labels them.
-    serving = [(pod, url) for pod in pods if (url := contract.pod_http_url(pod)) is not None]
-    assert serving, pods
     for pod, url in serving:
         name = pod["metadata"]["name"]
-        target = scraped.get(name)
-        assert target is not None, f"Prometheus has no target for pod {name}: {sorted(scraped)}"
-        assert target["health"] == "up", target
+        target = scraped[name]
         assert target["labels"]["graph"] == s.graph and target["labels"]["pod"] == name, target
         assert target["labels"]["component"] == pod["metadata"]["labels"]["fleetpilot.dev/component"], target
         assert target["scrapeUrl"] == f"{url}/metrics", target

@@ -55,7 +55,7 @@ FIXTURES: list[tuple[str, dict[str, Any], str, str]] = [
     ("spec changed, not yet observed", graph(observe(healthy_components()), generation=6), "Progressing",
      "observe generation 6"),
     ("scaling up: replicas not ready", graph(observe([component("frontend", 1), component("prefill", 4, 2),
-                                                      component("decode", 2)])), "Progressing", "prefill 2/4 ready"),
+                                                      component("decode", 2)])), "Progressing", "rolling out prefill"),
     ("rolling out a new template", graph(observe([component("frontend", 1), component("prefill", 2, updated=1),
                                                   component("decode", 2)])), "Progressing", "rolling out prefill"),
     ("all components ready", graph(observe(healthy_components())), "Healthy", "every component"),

@@ -28,7 +28,8 @@ type input struct {
 	ArgocdConfigMap struct {
 		Data map[string]string `json:"data"`
 	} `json:"argocdConfigMap"`
-	Objects []map[string]any `json:"objects"`
+	// Raw, decoded as client-go decodes API objects (integers stay int64, as kstatus requires).
+	Objects []json.RawMessage `json:"objects"`
 }
 
 type verdict struct {
@@ -71,8 +72,12 @@ func main() {
 		os.Exit(2)
 	}
 	results := make([]output, 0, len(in.Objects))
-	for _, object := range in.Objects {
-		obj := &unstructured.Unstructured{Object: object}
+	for _, raw := range in.Objects {
+		obj := &unstructured.Unstructured{}
+		if err := obj.UnmarshalJSON(raw); err != nil {
+			fmt.Fprintln(os.Stderr, "gitops-healthcheck: bad object:", err)
+			os.Exit(2)
+		}
 		var out output
 		if argo, err := health.GetResourceHealth(obj); err != nil {
 			out.Argocd.Error = err.Error()
