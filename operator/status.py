@@ -178,11 +178,12 @@ def conditions(observation: Observation) -> list[api.Condition]:
 def kstatus_conditions(current: list[api.Condition], generation: int) -> list[api.Condition]:
     """Reconciling and Stalled from Progressing and Degraded: kstatus' abnormal-true conditions.
 
-    kstatus (sigs.k8s.io/cli-utils) reads a custom resource as InProgress while `Reconciling` is True,
-    Failed while `Stalled` is True, and Current otherwise (once `observedGeneration` caught up); it
-    never reads Ready. So whenever Ready is False one of the two is True: Stalled while the graph is
-    Degraded (waiting will not fix it: no GPUs, a name conflict, bounds, a failing reconcile), else
-    Reconciling while it rolls out. They carry the reason and message of the condition they mirror.
+    kstatus (sigs.k8s.io/cli-utils) reads a custom resource, once `observedGeneration` caught up, as
+    InProgress while `Reconciling` is True and Failed while `Stalled` is True; only failing both does
+    it fall back to Ready, where False is InProgress: it cannot tell stuck from rolling out. So
+    Stalled is True while the graph is Degraded (waiting will not fix it: no GPUs, a name conflict,
+    bounds, a failing reconcile), else Reconciling while it rolls out; never both. They carry the
+    reason and message of the condition they mirror.
     """
     by_type = {c.type: c for c in current}
     degraded, progressing = by_type.get("Degraded"), by_type.get("Progressing")
