@@ -61,7 +61,8 @@ def demo_scenario(requests: list[traces.Request]) -> scenario_mod.ClosedLoop:
     """The e2e closed loop's graph and planner timings, its load being the trace's (in 5-s steps)."""
     step = 5.0
     end = max(r.arrival_s for r in requests)
-    shape = tuple((t * step, sum(1 for r in requests if t * step <= r.arrival_s < (t + 1) * step) / step)
+    # One point per window at its middle: the timeline reads the rate at each window's middle.
+    shape = tuple(((t + 0.5) * step, sum(1 for r in requests if t * step <= r.arrival_s < (t + 1) * step) / step)
                   for t in range(int(end // step) + 1))
     return dataclasses.replace(scenario_mod.ClosedLoop(), namespace="demo", graph="llama-8b", shape=shape,
                                window_s=step)
@@ -125,7 +126,7 @@ def up(console: Console) -> int:
     with (out / "load.log").open("wb") as log:
         load = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
-    span = s.duration_s
+    span = max(r.arrival_s for r in requests)
     console.print(f"replaying {TRACE_DURATION_S / 60:.0f} minutes of {TRACE.name} (from minute"
                   f" {TRACE_START_S / 60:.0f}) ×{TIME_SCALE:g} faster, {RATE_SCALE:.0%} of its requests:"
                   f" {len(requests)} requests in {span:.0f} s")
@@ -152,9 +153,13 @@ def up(console: Console) -> int:
     summary = report["summary"]
     gpu_h = gpu_hours(sampler.samples, since=load_start, until=time.time())
     png = out / "timeline.png"
-    scenario_mod.write_results("timeline", out, scenario=s, rows=rows, summary={
-        "load": summary, "gpu_hours": gpu_h, "scaling_decisions": changes, "setup_seconds": timings,
-    }, extra={"samples": sampler.samples})
+    (out / "timeline.json").write_text(json.dumps({
+        "scenario": dataclasses.asdict(s), "timeline": rows, "samples": sampler.samples,
+        "summary": {"load": summary, "gpu_hours": gpu_h, "scaling_decisions": changes, "setup_seconds": timings},
+    }, indent=1) + "\n")
+    title = (f"fleetpilot demo: {TRACE.name}, minutes {TRACE_START_S / 60:.0f}-"
+             f"{(TRACE_START_S + TRACE_DURATION_S) / 60:.0f} x{TIME_SCALE:g}, {RATE_SCALE:.0%} of requests")
+    scenario_mod.plot(rows, png, scenario=s, title=title, marks={})
 
     table = Table(title=f"fleetpilot demo: {s.namespace}/{s.graph}, planner sla "
                         f"(TTFT {s.ttft_ms} ms, ITL {s.itl_ms} ms, p{s.percentile})")
