@@ -23,7 +23,7 @@ import numpy as np
 from fleetpilot import perfmodel, plots, traces
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import capacity, predict
+from fleetpilot.planner import capacity, core, predict
 from fleetpilot.planner.backtest import driver, fleetsim, fluid, policies, scores
 from fleetpilot.planner.backtest.fleetsim import FleetPool
 
@@ -69,6 +69,17 @@ MAX_EXTENSIONS = 3  # steps a sweep may take past each end of its knob list
 KNOB_NAMES = {"static-peak": "load factor", "static-mean": "load factor", "hpa": "target utilisation",
               "dynamo": "load factor", "dynamo-v1": "load factor", "fleetpilot": "risk",
               "oracle": "share of each window's requests sized for"}
+# What a user gets without tuning anything: each policy at the setting it ships with or documents.
+# static: the sizing for the peak (or mean) interval as it is; HPA: the 50% utilisation target of
+# Kubernetes' own HPA walkthrough (the HPA has no default target); Dynamo: the forecast as it comes
+# (its planner has no margin setting); fleetpilot: `spec.planner.risk`'s default. The oracle has none.
+DEFAULT_KNOBS: dict[str, float] = {"static-peak": 1.0, "static-mean": 1.0, "hpa": 0.5, "dynamo": 1.0,
+                                   "dynamo-v1": 1.0, "fleetpilot": core.DEFAULT_RISK}
+
+
+def knob_kind(group: str) -> str:
+    """The sweep a policy group's knob belongs to (every fleetpilot variant shares the risk knob)."""
+    return "fleetpilot" if group.startswith("fleetpilot-") else group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,7 +373,7 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
 
     began = time.perf_counter()
     results = [one(knob) for knob in values]
-    kind = "fleetpilot" if group.startswith("fleetpilot-") else group
+    kind = knob_kind(group)
     if bracket:
         results += _bracket(results, one, target=scenario.sla.percentile / 100.0, leaner=_LEANER[kind],
                             dearer=_DEARER[kind])
@@ -514,6 +525,7 @@ class Summary:
     touched_bound: bool  # some run asked for a pool's maximum: the bound, not the policy, may have decided
     monotone: bool  # along the sweep, dearer runs never scored worse (by more than half a point)
     undercuts_oracle: tuple[float, ...] = ()  # knobs of runs that reached a score for less than the oracle
+    at_default: driver.RunResult | None = None  # the run at the policy's default setting (`DEFAULT_KNOBS`)
 
     @property
     def gpu_hours_at_target(self) -> float | None:
@@ -547,8 +559,22 @@ def summarise(groups_done: Mapping[str, GroupResult], scenario: Scenario) -> dic
             touched_bound=any(touched_bound(r, scenario.setting.bounds) for r in results),
             monotone=all(b.effective >= a.effective - 0.005 for a, b in itertools.pairwise(by_cost)),
             undercuts_oracle=tuple(undercuts),
+            at_default=next((r for r in results if knob_kind(name) in DEFAULT_KNOBS
+                             and math.isclose(r.knob, DEFAULT_KNOBS[knob_kind(name)])), None),
         )
     return out
+
+
+def default_cell(summary: Mapping[str, Summary], name: str) -> str:
+    """A policy at its default setting, for a table: its GPU-hours over the oracle's to meet the SLA, and
+    whether it met the SLA there (else its score). "—": the policy has no default, or it was not run."""
+    run = summary[name].at_default
+    oracle = summary["oracle"].gpu_hours_at_target if "oracle" in summary else None
+    if run is None or not oracle:
+        return "—"
+    ratio = run.gpu_hours / oracle
+    target = run.scores.target if run.scores is not None else 0.9
+    return f"{ratio:.2f} met" if run.effective >= target - 1e-12 else f"{ratio:.2f} missed ({run.effective:.1%})"
 
 
 def best_fleetpilot(summary: Mapping[str, Summary]) -> str | None:
@@ -600,7 +626,7 @@ def markdown_section(scenario: Scenario, groups_done: Mapping[str, GroupResult],
               ("| policy | GPU-h to meet | ÷ oracle | GPU-h at 99% of requests | best score "
                "| cheapest setting that met it | flags |"), "|---|---:|---:|---:|---:|---|---|"]
     for name, s in summary.items():
-        knob = KNOB_NAMES["fleetpilot" if name.startswith("fleetpilot-") else name]
+        knob = KNOB_NAMES[knob_kind(name)]
         r = s.cheapest_meeting
         where = "—" if r is None else (
             f"{knob} {r.knob:g}: {r.gpu_hours:.2f} GPU-h, {r.request_attainment:.1%} of requests, worst 5 min "

@@ -274,14 +274,18 @@ class FleetSimulator:
                 total += max(0.0, min(end, until) - r.created) * gpus
         return total
 
-    def window(self, start: float, end: float, *, percentile: float) -> WindowStats:
-        """What the metrics say about [start, end); call it once the simulation has reached `end`."""
+    def window(self, start: float, end: float, *, percentile: float, gauges_only: bool = False) -> WindowStats:
+        """What the metrics say about [start, end); call it once the simulation has reached `end`.
+        `gauges_only`: no latencies, burst rate or length histograms (`driver.FleetModel.window`)."""
         arrivals = self._arrived_between(start, end)
         overhead = self.overhead_s
-        ttfts = self._latencies(self._first_tokens, start, end, lambda r: r.first_token - r.arrival + overhead)
-        prefills = self._latencies(self._prefills, start, end, lambda r: r.prefilled - r.arrival + overhead)
-        itls = self._latencies(self._finishes, start, end,
-                               lambda r: (r.finish - r.first_token) / (r.osl - 1) if r.osl > 1 else None)
+        none = np.zeros(0)
+        ttfts = none if gauges_only else self._latencies(
+            self._first_tokens, start, end, lambda r: r.first_token - r.arrival + overhead)
+        prefills = none if gauges_only else self._latencies(
+            self._prefills, start, end, lambda r: r.prefilled - r.arrival + overhead)
+        itls = none if gauges_only else self._latencies(
+            self._finishes, start, end, lambda r: (r.finish - r.first_token) / (r.osl - 1) if r.osl > 1 else None)
         length = max(end - start, 1e-9)
         ready = {pool: self.ready(pool) for pool in FLEET_POOLS}
         busy = self._busy_between(start, end)
@@ -307,9 +311,9 @@ class FleetSimulator:
             decode_running=float(
                 sum(len(r.running) for r in self.replicas["decode"] if isinstance(r, _Decode) and r.stopped is None)),
             prefill_p=float(np.percentile(prefills, percentile)) if prefills.size else None,
-            burst_rate_p=self._burst_rate(start, end, percentile),
-            isl_histogram=lengths.of_lengths([r.isl for r in arrivals]),
-            osl_histogram=lengths.of_lengths([r.osl for r in arrivals]),
+            burst_rate_p=None if gauges_only else self._burst_rate(start, end, percentile),
+            isl_histogram=None if gauges_only else lengths.of_lengths([r.isl for r in arrivals]),
+            osl_histogram=None if gauges_only else lengths.of_lengths([r.osl for r in arrivals]),
         )
 
     # -- results --------------------------------------------------------------------------------------

@@ -177,7 +177,8 @@ class FluidFleet:
     def active(self, pool: FleetPool) -> int:
         return sum(1 for r in self.replicas[pool] if r.stopped is None and not r.draining)
 
-    def window(self, start: float, end: float, *, percentile: float) -> WindowStats:
+    def window(self, start: float, end: float, *, percentile: float, gauges_only: bool = False) -> WindowStats:
+        """What the metrics say about [start, end) (`driver.FleetModel.window`)."""
         lo, hi = round(start / self.step_s), round(end / self.step_s)
         chosen = self.steps[lo:hi]
         counts = self.arrivals[lo:hi]
@@ -188,7 +189,7 @@ class FluidFleet:
         ttft_mean: float | None = None
         itl_mean: float | None = None
         prefill: float | None = None
-        if total > 0 and chosen:
+        if total > 0 and chosen and not gauges_only:
             ttft = _weighted_percentile([s.ttft for s in chosen], counts, percentile)
             parts = [s.prefill for s in chosen]
             if all(part is not None for part in parts):
@@ -207,9 +208,11 @@ class FluidFleet:
             decode_kv_usage=float(np.mean([s.kv_usage for s in chosen])) if chosen else 0.0,
             ready={pool: self.ready(pool) for pool in FLEET_POOLS},
             active={pool: self.active(pool) for pool in FLEET_POOLS},
-            prefill_p=prefill, burst_rate_p=self._burst_rate(lo, hi, percentile) if total > 0 else None,
+            prefill_p=prefill,
+            burst_rate_p=self._burst_rate(lo, hi, percentile) if total > 0 and not gauges_only else None,
             **self._gauges(chosen[-1] if chosen else None),
-            isl_histogram=self._histogram(0, total), osl_histogram=self._histogram(1, total),
+            isl_histogram=None if gauges_only else self._histogram(0, total),
+            osl_histogram=None if gauges_only else self._histogram(1, total),
         )
 
     def _histogram(self, which: int, arrivals: float) -> lengths.Histogram | None:
@@ -401,12 +404,12 @@ def _weighted_percentile(samples: Sequence[np.ndarray], weights: np.ndarray, per
     """The percentile of a mixture of equally sized samples, sample k weighing `weights[k]`."""
     values = np.concatenate(samples)
     each = np.repeat(np.asarray(weights, dtype=float) / max(len(samples[0]), 1), len(samples[0]))
-    order = np.argsort(values, kind="stable")
+    order = np.argsort(values)  # ties hold equal values: which of them comes first cannot change the answer
     cumulative = np.cumsum(each[order])
     if cumulative[-1] <= 0:
         return math.nan
     position = np.searchsorted(cumulative, percentile / 100.0 * cumulative[-1])
-    return float(values[order][min(position, len(values) - 1)])
+    return float(values[order[min(position, len(values) - 1)]])
 
 
 def fluid_needs(fleet: FluidFleet, *, interval_s: float, sla: api.SlaTarget, attainment: float,

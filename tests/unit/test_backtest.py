@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import math
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -466,3 +467,28 @@ def test_the_oracle_sized_for_every_request_serves_them_beside_requests_nobody_c
                      interval_s=setting.interval_s, sla=SLA)
     assert run.scores is not None and run.scores.excluded > 0
     assert run.request_attainment >= 0.99, run.request_attainment
+
+
+def test_each_policy_is_also_read_at_its_default_setting() -> None:
+    """The untuned table: a policy's run at the knob it ships with, its cost over the oracle's cost to meet
+    the SLA, and whether it met the SLA there; a policy without that run gets no figure."""
+    def run(policy: str, knob: float, gpu_hours: float, score: float) -> driver.RunResult:
+        empty = np.zeros(0)
+        timeline = driver.Timeline(empty, empty, empty, {}, {}, empty, empty)
+        return driver.RunResult(policy, knob, gpu_hours, score, 1, 1, 0, 0, timeline)
+
+    done = {
+        "oracle": evaluate.GroupResult("oracle", [run("oracle", 0.8, 2.0, 0.85), run("oracle", 1.0, 3.0, 0.95)], 0.0),
+        "hpa": evaluate.GroupResult("hpa", [run("hpa", 0.5, 2.5, 0.7), run("hpa", 0.25, 5.0, 0.97)], 0.0),
+        "fleetpilot-constant": evaluate.GroupResult(
+            "fleetpilot-constant", [run("fleetpilot-constant", 0.9, 3.75, 0.93)], 0.0),
+        "dynamo": evaluate.GroupResult("dynamo", [run("dynamo", 2.0, 4.0, 0.99)], 0.0),
+    }
+    scenario = types.SimpleNamespace(sla=api.SlaTarget(ttft_ms=500, itl_ms=50, percentile=90),
+                                     setting=types.SimpleNamespace(bounds={}))
+    summary = evaluate.summarise(done, scenario)  # type: ignore[arg-type]
+    assert summary["oracle"].gpu_hours_at_target == pytest.approx(2.5)  # halfway between 0.85 and 0.95
+    assert evaluate.default_cell(summary, "fleetpilot-constant") == "1.50 met"
+    assert evaluate.default_cell(summary, "hpa") == "1.00 missed (70.0%)"
+    assert evaluate.default_cell(summary, "dynamo") == "—"  # its default (1.0) was not among the runs
+    assert evaluate.default_cell(summary, "oracle") == "—"
