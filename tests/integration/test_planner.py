@@ -1,6 +1,6 @@
 """The live planner with a real Prometheus and the real control plane.
 
-A stand-in frontend exports the metric contract with values the test controls; Debian's Prometheus
+A stand-in frontend exports the metric contract with values the test controls; upstream Prometheus (scripts/install-prometheus.sh)
 scrapes it every second, labelling the series with the graph and namespace as the e2e relabelling
 will; the planner runs as `fleetpilot planner run` against both. The test raises and lowers the
 offered rate and stops Prometheus, and reads what the planner wrote to the DynamoGraphComponents'
