@@ -12,12 +12,12 @@ What is checked:
   evaluates the chart's rule file itself);
 - every alert reads metrics that exist: each vector selector in its expression (as Prometheus'
   own parser finds them, /api/v1/parse_query) returns series, whether or not the alert fired;
-- the SLA burn-rate page (the fast burns: over 40% of a P90 graph's requests slow for the last 5 min
-  and the last hour) fired for the overloaded graph (the burst without the fast path, which breaks
-  its SLA by design) and never for the steady one (the ramp, whose SLA the planner keeps). The
-  ticket-level slow burns (over 20%) are reported, not asserted: the scenarios' ITL target (65 ms)
-  sits just above what the engine gives one sequence at 0.1× (56 ms) plus the frontend's share of
-  two busy cores, so a steady graph on a loaded machine can spend its budget at that pace.
+- an SLA burn-rate alert fired for the overloaded graph (the burst without the fast path, which
+  breaks its SLA by design) and none ever did for the steady one (the ramp, whose SLA the planner
+  keeps). Which one fires for the burst depends on how hard it hits: seen, the ITL ticket (over 20%
+  of the requests slow for the last 30 min and 6 h, i.e. since the graph began) alone, and on a
+  busier machine the ITL page (over 40%) too. The burst's share of slow requests peaks near 28%,
+  while the ramp's and the fast-path burst's stay under 5%.
 
 The per-expression series counts land in e2e/results/dashboards.json and are printed.
 """
@@ -38,7 +38,6 @@ import httpx
 OVERLOADED = "burst-forecast-only"  # test_burst.py: ×3 load, the fast path off
 STEADY = "ramp"  # test_closed_loop.py: the planner follows the ramp and keeps the SLA
 BURN_ALERTS = "Fleetpilot(TTFT|ITL)BudgetBurn(Fast|Slow)"
-PAGES = ("FleetpilotTTFTBudgetBurnFast", "FleetpilotITLBudgetBurnFast")
 
 
 def chart_checks() -> ModuleType:
@@ -129,6 +128,5 @@ def test_every_panel_and_rule_has_live_data_and_the_burn_alert_fires_only_under_
     blind = [f"{r['where']}: {selector}" for r in report if r["kind"] == "alert"
              for selector, n in r["selectors"].items() if n == 0]
     assert not blind, "these alerts read series that do not exist:\n" + "\n".join(blind)
-    paged = [(graph, alert) for graph, alert in fired if alert in PAGES]
-    assert any(graph == OVERLOADED for graph, _ in paged), f"no SLA burn-rate page for {OVERLOADED}: {fired}"
-    assert not any(graph == STEADY for graph, _ in paged), f"an SLA burn-rate page for {STEADY}: {fired}"
+    assert any(graph == OVERLOADED for graph, _ in fired), f"no SLA burn-rate alert for {OVERLOADED}: {fired}"
+    assert not any(graph == STEADY for graph, _ in fired), f"an SLA burn-rate alert for {STEADY}: {fired}"
