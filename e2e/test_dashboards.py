@@ -13,11 +13,13 @@ What is checked:
 - every alert reads metrics that exist: each vector selector in its expression (as Prometheus'
   own parser finds them, /api/v1/parse_query) returns series, whether or not the alert fired;
 - an SLA burn-rate alert fired for the overloaded graph (the burst without the fast path, which
-  breaks its SLA by design) and none ever did for the steady one (the ramp, whose SLA the planner
-  keeps). Which one fires for the burst depends on how hard it hits: seen, the ITL ticket (over 20%
-  of the requests slow for the last 30 min and 6 h, i.e. since the graph began) alone, and on a
-  busier machine the ITL page (over 40%) too. The burst's share of slow requests peaks near 28%,
-  while the ramp's and the fast-path burst's stay under 5%.
+  breaks its SLA by design) and none ever did for the same burst with the fast path on, whose fleet
+  keeps up: the same load, one fleet short of capacity for a minute and one not. Which alert fires
+  for the overload depends on how hard the burst hits the machine: seen, the ITL ticket (over 20%
+  of requests slow over the last 30 min and 6 h) alone, and on a busier machine the ITL page (over
+  40% over 1 h and 5 min) too; its slow share peaked near 28%, the fast-path graph's under 5%. The
+  ramp is reported, not asserted: its windows are as long as the graph's few minutes of life, so its
+  first ramp-up (TTFT p90 1.8 s for ten seconds) alone can put a young graph over the 2x ticket.
 
 The per-expression series counts land in e2e/results/dashboards.json and are printed.
 """
@@ -36,7 +38,8 @@ import harness as harness_mod
 import httpx
 
 OVERLOADED = "burst-forecast-only"  # test_burst.py: ×3 load, the fast path off
-STEADY = "ramp"  # test_closed_loop.py: the planner follows the ramp and keeps the SLA
+HANDLED = "burst-fast-path"  # test_burst.py: the same load, the fast path on: the SLA holds
+RAMP = "ramp"  # test_closed_loop.py: must have run too (its panels: scale-downs, the outage's NoMetrics)
 BURN_ALERTS = "Fleetpilot(TTFT|ITL)BudgetBurn(Fast|Slow)"
 
 
@@ -84,7 +87,7 @@ def rule_kinds() -> dict[str, str]:
             for group in groups for r in group["rules"]}
 
 
-def test_every_panel_and_rule_has_live_data_and_the_burn_alert_fires_only_under_overload(
+def test_every_panel_and_rule_has_live_data_and_the_burn_alert_fires_only_for_the_overload(
         harness: harness_mod.Harness, results: Path) -> None:
     start, end = harness.started_unix, time.time()
 
@@ -93,7 +96,7 @@ def test_every_panel_and_rule_has_live_data_and_the_burn_alert_fires_only_under_
 
     graphs = {s["metric"].get("graph") for s in harness.query(
         "group by (graph) (fleetpilot_frontend_requests_total)", start=start, end=end)}
-    assert {OVERLOADED, STEADY} <= graphs, (
+    assert {OVERLOADED, HANDLED, RAMP} <= graphs, (
         f"no frontend traffic from the scenarios' graphs ({sorted(g for g in graphs if g)}): this test reads what"
         " test_burst.py and test_closed_loop.py left in Prometheus; run it in the same session, after them")
 
@@ -129,4 +132,4 @@ def test_every_panel_and_rule_has_live_data_and_the_burn_alert_fires_only_under_
              for selector, n in r["selectors"].items() if n == 0]
     assert not blind, "these alerts read series that do not exist:\n" + "\n".join(blind)
     assert any(graph == OVERLOADED for graph, _ in fired), f"no SLA burn-rate alert for {OVERLOADED}: {fired}"
-    assert not any(graph == STEADY for graph, _ in fired), f"an SLA burn-rate alert for {STEADY}: {fired}"
+    assert not any(graph == HANDLED for graph, _ in fired), f"an SLA burn-rate alert for {HANDLED}: {fired}"
