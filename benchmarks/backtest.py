@@ -39,7 +39,8 @@ from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner.backtest import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces"
+# The shared traces beside the checkout; FLEETPILOT_TRACES names another copy (a machine without ../shared).
+TRACES = Path(os.environ.get("FLEETPILOT_TRACES", REPO.parent / "shared" / "traces"))
 RESULTS = REPO / "benchmarks" / "results"
 PROFILE = TRACES / "calibration" / "h200_llama31_8b_fp8_vllm"
 SLA = api.SlaTarget(ttft_ms=500, itl_ms=50, percentile=90)

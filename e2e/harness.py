@@ -52,6 +52,8 @@ SYSTEM_NAMESPACE = "fleetpilot-system"
 MONITORING_NAMESPACE = "monitoring"
 HELM = devcluster.CACHE / "bin" / "helm"
 SCRAPE_INTERVAL_S = 2
+#: The image the operator renders for simulator workers and frontends (render.RenderSettings).
+FLEETPILOT_IMAGE = "fleetpilot/fleetpilot:0.1.0"
 
 
 def wait_for(check: Callable[[], Any], *, timeout: float, what: str | Callable[[], str], interval: float = 0.5) -> Any:
@@ -207,7 +209,9 @@ class Harness:
 
     def _start_podrunner(self) -> None:
         argv = [sys.executable, str(Path(__file__).parent / "podrunner.py"), "--kubeconfig",
-                str(self.config.kubeconfig), "--state", str(self.state / "pods"), "--env", "OPENBLAS_NUM_THREADS=1"]
+                str(self.config.kubeconfig), "--state", str(self.state / "pods"), "--env", "OPENBLAS_NUM_THREADS=1",
+                # The node has fleetpilot's image only: another (a typo, a tag never pushed) cannot be pulled.
+                "--image", FLEETPILOT_IMAGE]
         self.processes["podrunner"] = ManagedProcess("podrunner", argv, state=self.state)
         self.processes["podrunner"].start()
 

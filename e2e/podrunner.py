@@ -14,7 +14,9 @@ bound to a simulated node the runner does what a kubelet would:
   `failureThreshold` times in a row; the startup probe gates readiness, the liveness probe restarts;
 - restarts a container that exits (restartPolicy Always), with a growing back-off;
 - on deletion runs the preStop hook (exec or httpGet), sends SIGTERM, waits up to the grace period,
-  sends SIGKILL, then removes the pod (`gracePeriodSeconds=0`).
+  sends SIGKILL, then removes the pod (`gracePeriodSeconds=0`);
+- with `--image` given, plays a node that can pull only those images: a pod asking for another stays
+  Pending with `ImagePullBackOff`, as a kubelet reports an image that does not exist.
 
 What the pod spec asks for (env, command line, ServiceAccount, probe ports) is read by the pure
 functions of `podspec.py`; this module is the adapter around them: the pod watch (fleetpilot's
@@ -106,7 +108,7 @@ class PodRunner:
     """Watches the owned pods and keeps one local process per pod."""
 
     def __init__(self, kubeconfig: Path, state: Path, *, bin_dirs: list[Path] | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None, images: set[str] | None = None) -> None:
         self.kubeconfig = kubeconfig
         self.state = state
         self.logs = state / "logs"
@@ -116,6 +118,7 @@ class PodRunner:
             folder.mkdir(parents=True, exist_ok=True)
         self.bin_dirs = bin_dirs or [Path(sys.executable).parent]
         self.extra_env = dict(extra_env or {})
+        self.images = images or set()  # the images this node can pull (empty: any)
         configuration = kube.load_configuration(str(kubeconfig))
         self.api = kube.KubeApi(configuration, field_manager=FIELD_MANAGER)
         self.server = str(configuration.host).rstrip("/")  # what the pods' kubeconfigs point at
@@ -225,6 +228,11 @@ class PodRunner:
         container = pod["spec"]["containers"][0]
         if len(pod["spec"]["containers"]) > 1 or pod["spec"].get("initContainers"):
             logger.warning("%s/%s: only the first container runs", meta["namespace"], meta["name"])
+        image = container.get("image", "")
+        if self.images and image not in self.images:
+            self._used_ips.discard(ip)
+            await self._waiting(pod, "ImagePullBackOff", f'Back-off pulling image "{image}": not found')
+            return
         try:
             spec = podspec.process_spec(pod, pod_ip=ip, host_ip=node_ip)
             folder = self.secrets / key
@@ -237,12 +245,7 @@ class PodRunner:
         except (ValueError, kube.ApiError) as error:
             logger.error("%s/%s cannot start: %s", meta["namespace"], meta["name"], error)
             self._used_ips.discard(ip)
-            await self._patch_status(pod, {"phase": "Pending", "conditions": self._conditions(pod, False, False),
-                                           "containerStatuses": [{
-                                               "name": container["name"], "image": container.get("image", ""),
-                                               "imageID": "", "ready": False, "restartCount": 0, "started": False,
-                                               "state": {"waiting": {"reason": "CreateContainerConfigError",
-                                                                     "message": str(error)[:500]}}}]})
+            await self._waiting(pod, "CreateContainerConfigError", str(error))
             return
         base = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
         env = podspec.process_env(spec, hostname=meta["name"], base=base, extra=self.extra_env,
@@ -252,6 +255,15 @@ class PodRunner:
         self.pods[running.uid] = running
         await self._spawn(running)
         running.tasks.append(asyncio.create_task(self._supervise(running), name=f"run {running.key}"))
+
+    async def _waiting(self, pod: Manifest, reason: str, message: str) -> None:
+        """A pod whose container cannot start: Pending, the container waiting for `reason`."""
+        container = pod["spec"]["containers"][0]
+        await self._patch_status(pod, {"phase": "Pending", "conditions": self._conditions(pod, False, False),
+                                       "containerStatuses": [{
+                                           "name": container["name"], "image": container.get("image", ""),
+                                           "imageID": "", "ready": False, "restartCount": 0, "started": False,
+                                           "state": {"waiting": {"reason": reason, "message": message[:500]}}}]})
 
     async def _spawn(self, running: RunningPod) -> None:
         with running.log_path.open("ab") as log:
@@ -525,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where container commands are found first (default: this Python's bin)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for every container (repeatable)")
+    parser.add_argument("--image", action="append", default=[],
+                        help="an image this node can pull (repeatable; none given: any image)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -536,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        runner = PodRunner(args.kubeconfig, args.state, bin_dirs=args.bin_dir or None, extra_env=extra)
+        runner = PodRunner(args.kubeconfig, args.state, bin_dirs=args.bin_dir or None, extra_env=extra,
+                           images=set(args.image))
         await runner.run(stop)
 
     asyncio.run(go())

@@ -78,6 +78,9 @@ class ClosedLoop:
     # spec.planner.gpuBudget: above what the bounds allow (6 + 4), so it never binds; it puts the planner's
     # GPU gauges (used, wanted, budget) on the dashboards and under the budget alert with live data.
     gpu_budget: int = 12
+    # The engine runs this many times slower than the profile the planner is given says (1: as profiled).
+    engine_slowdown: float = 1.0
+    auto_correct: bool | None = None  # spec.planner.profile.autoCorrect; None: the API's default
 
     @property
     def step_s(self) -> float:
@@ -115,12 +118,13 @@ class ClosedLoop:
     # -- objects -------------------------------------------------------------------------------------------
 
     def graph_manifest(self, *, mode: str = "sla") -> dict[str, Any]:
-        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu, "--speedup", f"{self.speedup:g}"]
+        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu,
+                       "--speedup", f"{self.speedup / self.engine_slowdown:g}"]
         components: dict[str, Any] = {"frontend": {"replicas": 1, "router": {"policy": "least-loaded"}}}
         for name, low, high in self.bounds:
             components[name] = {"replicas": low, "gpus": 1, "scaling": {"min": low, "max": high}}
         # A decode pod drains its streams on SIGTERM; give it longer than the longest generation.
-        components["decode"]["args"] = ["--shutdown-timeout", "110"]
+        components["decode"]["drainSeconds"] = 110
         return {
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": self.graph, "namespace": self.namespace},
@@ -134,7 +138,8 @@ class ClosedLoop:
                             "gpuBudget": self.gpu_budget,
                             "risk": self.risk, "fastPathSeconds": self.fast_path_s,
                             "sla": {"ttftMs": self.ttft_ms, "itlMs": self.itl_ms, "percentile": self.percentile},
-                            "profileRef": {"configMap": f"{self.graph}-profile"}},
+                            "profileRef": {"configMap": f"{self.graph}-profile"},
+                            **({"profile": {"autoCorrect": self.auto_correct}} if self.auto_correct is not None else {})},
             },
         }
 
@@ -209,13 +214,18 @@ def write_trace(scenario: ClosedLoop, path: Path) -> Path:
 # -- the timeline -------------------------------------------------------------------------------------------
 
 
+def admin_http(server: str, pki: Path) -> httpx.Client:
+    """An HTTP client to the apiserver as the cluster's admin (faster than kubectl for sampling)."""
+    tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return httpx.Client(base_url=server, verify=tls, timeout=5.0)
+
+
 class Sampler:
     """Samples the graph's components and planner status every `every_s` in a thread (admin identity)."""
 
     def __init__(self, *, server: str, pki: Path, scenario: ClosedLoop, every_s: float = 2.0) -> None:
-        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        self.http = httpx.Client(base_url=server, verify=tls, timeout=5.0)
+        self.http = admin_http(server, pki)
         self.scenario = scenario
         self.every_s = every_s
         self.samples: list[dict[str, Any]] = []

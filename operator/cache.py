@@ -65,7 +65,9 @@ def _metadata(meta: Mapping[str, Any]) -> Manifest:
 
 
 def _containers(containers: Iterable[Mapping[str, Any]]) -> list[Manifest]:
-    return [{"name": c.get("name"), "resources": c.get("resources", {})} for c in containers]
+    # Ports: where a frontend pod serves /metrics (the per-worker load a scale-down reads).
+    return [{"name": c.get("name"), "resources": c.get("resources", {}),
+             **({"ports": c["ports"]} if c.get("ports") else {})} for c in containers]
 
 
 def projection(kind: str, body: Mapping[str, Any]) -> Manifest:
@@ -74,13 +76,17 @@ def projection(kind: str, body: Mapping[str, Any]) -> Manifest:
     if kind != "Pod":
         return {**{k: v for k, v in body.items() if k != "metadata"}, "metadata": meta}
     spec, status = body.get("spec", {}), body.get("status", {})
+    pod_meta: Manifest = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp",
+                                     "ownerReferences") if k in meta}
+    cost = (meta.get("annotations") or {}).get(contract.ANNOTATION_DELETION_COST)
+    if cost is not None:  # only ours: the deletion cost a scale-down wrote, not every annotation a pod carries
+        pod_meta["annotations"] = {contract.ANNOTATION_DELETION_COST: cost}
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels",
-                                          "deletionTimestamp", "ownerReferences") if k in meta},
+        "metadata": pod_meta,
         "spec": {"nodeName": spec.get("nodeName"), "containers": _containers(spec.get("containers", [])),
                  "initContainers": _containers(spec.get("initContainers", []))},
-        "status": {k: status[k] for k in ("phase", "conditions", "containerStatuses") if k in status},
+        "status": {k: status[k] for k in ("phase", "conditions", "containerStatuses", "podIP") if k in status},
     }
 
 

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import pydantic
 
 from fleetpilot import kube as kube_mod
+from fleetpilot import scrape
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import cache as cache_mod
-from fleetpilot.operator import drift, metrics, render, status, workqueue
+from fleetpilot.operator import drift, metrics, render, rollout, scaledown, status, workqueue
 
 logger = logging.getLogger("fleetpilot.operator")
 
@@ -80,6 +83,7 @@ class GraphReconciler:
         self.queue: workqueue.WorkQueue[Key] = workqueue.WorkQueue(
             max_delay_s=max_backoff_seconds, on_depth=metrics.QUEUE_DEPTH.set)
         self._tasks: list[asyncio.Task[None]] = []
+        self._http: httpx.AsyncClient | None = None  # reads the frontends' per-worker load before a scale-down
 
     # -- queue -------------------------------------------------------------------------------------------
 
@@ -97,6 +101,9 @@ class GraphReconciler:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     async def _worker(self) -> None:
         while True:
@@ -155,30 +162,62 @@ class GraphReconciler:
             (kind, item["metadata"]["name"]): item
             for kind in cache_mod.CHILD_KINDS for item in self.cache.children(kind, namespace, name)
         }
+        pods = self.cache.children("Pod", namespace, name)
+
+        dgcs: dict[api.ComponentName, Manifest] = {}
+        requested: dict[api.ComponentName, int] = {}
+        replicas: dict[api.ComponentName, int] = {}
+        for component in wanted:
+            dgcs[component] = await self._ensure_component(
+                graph, component, components.get(contract.child_name(name, component)))
+            requested[component] = int(dgcs[component]["spec"]["replicas"])
+            replicas[component] = render.effective_replicas(graph, component, requested[component])
+        owners = {c: render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, dgc["metadata"]["name"],
+                                     dgc["metadata"]["uid"]) for c, dgc in dgcs.items()}
+
+        # The workers' generations: every Deployment a worker component owns is one of them.
+        workers = [c for c in wanted if c != "frontend"]
+        target = render.generation_of(graph, self.settings)
+        deployments: dict[str, dict[str, Manifest]] = {c: rollout_deployments(children, owners[c].uid)
+                                                        for c in workers}
+        generations = rollout_generations(deployments)
+        stalled = rollout_stall(target, deployments, pods, graph.status.rollout, generations)
+        plan = rollout.plan(target, {c: replicas[c] for c in workers}, generations, stalled=stalled)
 
         observed: list[status.ComponentObservation] = []
         keep: set[tuple[str, str]] = set()
         for component in wanted:
-            dgc = await self._ensure_component(graph, component, components.get(contract.child_name(name, component)))
-            requested = int(dgc["spec"]["replicas"])
-            replicas = render.effective_replicas(graph, component, requested)
-            owner = render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, dgc["metadata"]["name"], dgc["metadata"]["uid"])
+            owner = owners[component]
+            size = plan.replicas[target][component] if component != "frontend" else replicas[component]
             deployment: Manifest | None = None
-            for manifest in render.workload(graph, component, replicas=replicas, owner=owner, settings=self.settings):
+            for manifest in render.workload(graph, component, replicas=size, owner=owner, settings=self.settings,
+                                            generation=target if component != "frontend" else None):
                 key = (manifest["kind"], manifest["metadata"]["name"])
                 keep.add(key)
+                if manifest["kind"] == "Deployment" and component != "frontend":
+                    await self._before_scale_down(graph, children.get(key), size, pods)
                 applied = await self._apply_owned(manifest, owner, children.get(key))
                 if manifest["kind"] == "Deployment":
                     deployment = applied
-            await self._write_component_status(dgc, deployment)
+            if component != "frontend":
+                # Older generations: only their replicas change (their pod template is the spec they
+                # were made from, which the graph no longer holds); gone once drained.
+                current = [deployment] if deployment is not None else []
+                for generation_name, old in deployments[component].items():
+                    if generation_name == target or generation_name in plan.delete:
+                        continue
+                    keep.update({("Deployment", old["metadata"]["name"]),
+                                 ("PodDisruptionBudget", old["metadata"]["name"])})
+                    current.append(await self._scale_old(graph, old, plan.replicas[generation_name][component], pods))
+                deployment = rollout_aggregate(current, target)
+            await self._write_component_status(dgcs[component], deployment)
             observed.append(status.ComponentObservation(
-                name=component, desired=replicas, deployment=deployment,
-                clamped_from=requested if requested != replicas else None,
+                name=component, desired=replicas[component], deployment=deployment,
+                clamped_from=requested[component] if requested[component] != replicas[component] else None,
             ))
 
         await self._prune(graph, uid, components, children, keep, wanted)
 
-        pods = self.cache.children("Pod", namespace, name)
         capacity = None
         if status.unschedulable(pods):
             # Rare, and worth two LISTs: which nodes could take these pods, and what is already on them.
@@ -187,7 +226,54 @@ class GraphReconciler:
                 self.kube.list("Pod", field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
             )
             capacity = status.gpu_capacity(nodes, bound)
-        return status.Observation(generation=graph.metadata.generation, components=observed, pods=pods, capacity=capacity)
+        return status.Observation(generation=graph.metadata.generation, components=observed, pods=pods,
+                                  capacity=capacity,
+                                  rollout=rollout_status(target, plan, generations, workers, stalled) if workers else None)
+
+    async def _scale_old(self, graph: api.DynamoGraph, deployment: Manifest, replicas: int,
+                         pods: list[Manifest]) -> Manifest:
+        """An older generation's Deployment to `replicas` (a merge patch of that one field)."""
+        if int(deployment.get("spec", {}).get("replicas", 0)) == replicas:
+            return deployment
+        await self._before_scale_down(graph, deployment, replicas, pods)
+        meta = deployment["metadata"]
+        metrics.APPLIES.labels("Deployment").inc()
+        patched = await self.kube.patch("Deployment", meta["namespace"], meta["name"], {"spec": {"replicas": replicas}})
+        self.cache.remember(patched)
+        return patched
+
+    async def _before_scale_down(self, graph: api.DynamoGraph, deployment: Manifest | None, replicas: int,
+                                 pods: list[Manifest]) -> None:
+        """Before a Deployment shrinks: mark its least loaded Ready pods as the cheapest to delete
+        (scaledown.py), from the requests in flight every Ready frontend counts per worker, read from
+        their /metrics now (fleetpilot.scrape); a frontend that does not answer leaves the choice to
+        the ReplicaSet."""
+        if deployment is None or int(deployment.get("spec", {}).get("replicas", 0)) <= replicas:
+            return
+        selector = deployment.get("spec", {}).get("selector", {}).get("matchLabels", {})
+        mine = [p for p in pods if all(p["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())]
+        frontends = [url for p in pods
+                     if p["metadata"].get("labels", {}).get(contract.LABEL_COMPONENT) == "frontend"
+                     and (url := contract.pod_http_url(p)) is not None]
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        texts = await scrape.read_texts(self._http, frontends)
+        if texts is None:
+            logger.info("%s/%s: a frontend did not answer; the ReplicaSet picks the replica of %s to remove",
+                        graph.metadata.namespace, graph.metadata.name, deployment["metadata"]["name"])
+            return
+        costs = scaledown.deletion_costs(mine, scrape.sum_by_label(texts, contract.WORKER_LOAD_METRIC, "worker"))
+        for pod_name, cost in scaledown.stale(mine, costs).items():
+            try:
+                patched = await self.kube.patch("Pod", graph.metadata.namespace, pod_name, {
+                    "metadata": {"annotations": {contract.ANNOTATION_DELETION_COST: str(cost)}}})
+            except kube_mod.ApiError as error:
+                if error.not_found:
+                    continue
+                raise
+            self.cache.remember(patched)
+        logger.info("%s/%s: scaling %s down to %d; in flight per Ready pod: %s", graph.metadata.namespace,
+                    graph.metadata.name, deployment["metadata"]["name"], replicas, costs)
 
     async def _ensure_component(
         self, graph: api.DynamoGraph, component: api.ComponentName, existing: Manifest | None
@@ -333,3 +419,81 @@ class GraphReconciler:
 
 def _subset(small: Manifest, big: Manifest) -> bool:
     return all(big.get(k) == v for k, v in small.items())
+
+
+# -- generations: from the cache's Deployments and Pods to rollout.py's plain numbers and back ----------
+
+def rollout_deployments(children: dict[tuple[str, str], Manifest], owner_uid: str) -> dict[str, Manifest]:
+    """A worker component's Deployments by generation (a Deployment made before generations: "")."""
+    return {d["metadata"].get("labels", {}).get(contract.LABEL_GENERATION, ""): d
+            for (kind, _), d in children.items() if kind == "Deployment" and controller_uid(d) == owner_uid}
+
+
+def rollout_generations(deployments: dict[str, dict[str, Manifest]]) -> list[rollout.Generation]:
+    names = sorted({g for by_generation in deployments.values() for g in by_generation})
+    out = []
+    for generation_name in names:
+        mine = {c: by_generation[generation_name] for c, by_generation in deployments.items()
+                if generation_name in by_generation}
+        out.append(rollout.Generation(
+            name=generation_name,
+            replicas={c: int(d.get("spec", {}).get("replicas", 0)) for c, d in mine.items()},
+            ready={c: int(d.get("status", {}).get("readyReplicas", 0)) for c, d in mine.items()},
+            existing={c: int(d.get("status", {}).get("replicas", 0)) for c, d in mine.items()},
+        ))
+    return out
+
+
+def rollout_stall(target: str, deployments: dict[str, dict[str, Manifest]], pods: list[Manifest],
+                  previous: api.RolloutStatus | None, generations: list[rollout.Generation]) -> str | None:
+    """Why the rollout to `target` has failed, or None. Only a rollout can stall (a graph's first
+    generation that does not come up is just not Ready); once stalled it stays so until the target's
+    replicas are all Ready or the spec names another generation."""
+    if not any(g.name != target for g in generations):
+        return None
+    mine = [p for p in pods if p["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target]
+    reason = rollout.failure(mine, [by_generation[target] for by_generation in deployments.values()
+                                    if target in by_generation])
+    if reason is not None:
+        return reason
+    new = next((g for g in generations if g.name == target), None)
+    if (previous is not None and previous.phase == "Stalled" and previous.target == target and new is not None
+            and any(new.ready.get(c, 0) < n for c, n in new.replicas.items())):
+        return previous.reason or "stalled before"
+    return None
+
+
+def rollout_aggregate(deployments: list[Manifest], target: str) -> Manifest | None:
+    """One component's Deployments of every generation as one Deployment-shaped summary, for status:
+    replicas and readiness summed, `updatedReplicas` those of the target generation only, so the
+    component's rollout is complete once the older generations are gone."""
+    if not deployments:
+        return None
+    total = {"replicas": 0, "readyReplicas": 0, "availableReplicas": 0}
+    observed = True
+    updated = 0
+    for deployment in deployments:
+        status_ = deployment.get("status", {})
+        for key in total:
+            total[key] += int(status_.get(key, 0))
+        observed = observed and (status_.get("observedGeneration", 0)
+                                 >= deployment.get("metadata", {}).get("generation", 0))
+        if deployment["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target:
+            updated = int(status_.get("updatedReplicas", 0))
+    return {"metadata": {"name": deployments[0]["metadata"]["name"], "generation": 1},
+            "status": {**total, "updatedReplicas": updated, "observedGeneration": 1 if observed else 0}}
+
+
+def rollout_status(target: str, plan: rollout.Plan, generations: list[rollout.Generation],
+                   workers: Sequence[str], stalled: str | None) -> api.RolloutStatus:
+    by_name = {g.name: g for g in generations}
+    shown = []
+    for generation_name in [target, *sorted(n for n in plan.replicas if n != target)]:
+        g = by_name.get(generation_name, rollout.Generation(generation_name))
+        shown.append(api.GenerationStatus(name=generation_name or "(before generations)", components={
+            c: api.ComponentStatus(desired=plan.replicas[generation_name].get(c, 0), ready=g.ready.get(c, 0),
+                                   updated=g.ready.get(c, 0),
+                                   summary=f"{g.ready.get(c, 0)}/{plan.replicas[generation_name].get(c, 0)}")
+            for c in workers}))
+    return api.RolloutStatus(target=target, phase=plan.phase, message=plan.message, generations=shown,
+                             reason=stalled if plan.phase == "Stalled" else None)

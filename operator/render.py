@@ -7,10 +7,19 @@ golden tests pin the output and the reconciler only has to apply it.
 Ownership chain: DynamoGraph → DynamoGraphComponent (one per component) → the component's
 Deployment, Service, PodDisruptionBudget and helpers. Deleting a component from the graph deletes
 its DynamoGraphComponent and Kubernetes' garbage collector takes the rest.
+
+Worker components run in *generations* (`generation_of`, rollout.py): one Deployment and one
+PodDisruptionBudget per component and generation, `<graph>-<component>-<generation>`, their pods
+labelled with it, behind one Service per component. A change to what makes two workers' KV caches
+compatible (engine, image, model, arguments) is a new generation, rolled out beside the old one; any
+other change (resources, drain time, pod overrides) rolls the current generation's Deployment in
+place. The frontend runs no generations: it is one Deployment, `<graph>-frontend`.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +31,32 @@ HTTP_PORT = 8000
 NIXL_SIDE_CHANNEL_PORT = 5600
 SGLANG_BOOTSTRAP_PORT = 8998
 TRTLLM_CONFIG_DIR = "/etc/fleetpilot/trtllm"
+#: The kubelet's grace period is the pod's drain time plus this: the engine drains for
+#: `drainSeconds`, then has this long to exit before SIGKILL.
+EXIT_MARGIN_SECONDS = 10
+#: The Prometheus gauges of requests an engine still has (running, waiting): its preStop hook waits
+#: until they are 0 before the kubelet sends SIGTERM (the simulator drains on SIGTERM by itself).
+BUSY_GAUGES = {
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+}
+# Polls the engine's /metrics until the gauges above sum to 0 (or the drain time passes), then waits
+# a little longer for KV transfers to decode workers, which those gauges do not count. Python is in
+# every engine image, curl is not.
+_WAIT_IDLE = """\
+import sys, time, urllib.request
+port, limit, names = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), sys.argv[3:]
+while time.monotonic() < limit:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        break
+    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] in names)
+    if busy == 0:
+        time.sleep(max(0.0, min(5.0, limit - time.monotonic())))
+        break
+    time.sleep(1)
+"""
 
 Manifest = dict[str, Any]
 
@@ -55,8 +90,31 @@ class OwnerRef:
 
 
 def selector_labels(graph: str, component: str) -> dict[str, str]:
-    """The immutable Deployment selector: graph and component only."""
+    """The component's pods, every generation: the Service's and the /scale selector; the frontend's
+    Deployment selector."""
     return {contract.LABEL_GRAPH: graph, contract.LABEL_COMPONENT: component}
+
+
+def generation_selector(graph: str, component: str, generation: str) -> dict[str, str]:
+    """The immutable selector of one generation's Deployment and PodDisruptionBudget."""
+    return {**selector_labels(graph, component), contract.LABEL_GENERATION: generation}
+
+
+def generation_of(graph: api.DynamoGraph, settings: RenderSettings) -> str:
+    """The workers' generation: a hash of what decides whether one worker's KV cache is usable by
+    another (engine and image, model, every engine argument, each pool's parallelism). Graph-wide, so
+    prefill and decode change generation together; resources, drain time and pod overrides are not
+    in it (they roll the current generation in place)."""
+    spec = graph.spec
+    identity = {
+        "model": spec.model.model_dump(by_alias=True, exclude_none=True),
+        "engine": spec.engine.model_dump(by_alias=True, exclude_none=True),
+        "image": spec.engine.image or settings.fleetpilot_image,
+        "workers": {name: {"args": worker.args, "gpus": worker.gpus,
+                           "parallelism": worker.parallelism.model_dump(by_alias=True)}
+                    for name, worker in spec.components.workers().items()},
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def component_labels(graph: api.DynamoGraph, component: str) -> dict[str, str]:
@@ -171,8 +229,10 @@ def engine_command(graph: api.DynamoGraph, component: api.WorkerName) -> tuple[l
             args += ["--extra_llm_api_options", f"{TRTLLM_CONFIG_DIR}/extra-llm-api-options.yaml"]
         return ["trtllm-serve"], args + extra
     # The simulator: fleetpilot's own GPU-free engine, timed by the performance model.
+    # It drains on SIGTERM by itself: in-flight streams finish and held KV is pulled, for drainSeconds.
     args = ["sim", "worker", "--role", role, "--model", served, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
-            "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
+            "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
+            "--shutdown-timeout", str(worker.drain_seconds)]
     return ["fleetpilot"], args + extra
 
 
@@ -185,12 +245,26 @@ def trtllm_extra_options(role: str) -> str:
 
 
 def frontend_command(graph: api.DynamoGraph) -> tuple[list[str], list[str]]:
-    mode = "aggregated" if graph.spec.components.aggregated is not None else "disaggregated"
+    components = graph.spec.components
+    mode = "aggregated" if components.aggregated is not None else "disaggregated"
     return ["fleetpilot"], [
         "frontend", "--model", served_model_name(graph), "--graph", graph.metadata.name,
         "--namespace", "$(POD_NAMESPACE)", "--mode", mode, "--engine", graph.spec.engine.framework,
-        "--router", graph.spec.components.frontend.router.policy, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+        "--router", components.frontend.router.policy, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+        "--drain-seconds", str(components.frontend.drain_seconds),
+        "--hold-seconds", str(components.hold_seconds()), "--hold-queue", str(components.frontend.hold_queue),
     ]
+
+
+def drain_hook(framework: str, drain_seconds: int) -> Manifest | None:
+    """A worker's preStop hook: wait until the engine has no request left (or the drain time is up)
+    before the kubelet sends SIGTERM, for engines that stop at once on SIGTERM. The frontend has
+    stopped sending it requests the moment the pod began terminating. None for the simulator, which
+    drains on SIGTERM, and for engines whose gauges we do not know."""
+    gauges = BUSY_GAUGES.get(framework)
+    if gauges is None or drain_seconds == 0:
+        return None
+    return {"exec": {"command": ["python3", "-c", _WAIT_IDLE, str(HTTP_PORT), str(drain_seconds), *gauges]}}
 
 
 # -- workload ----------------------------------------------------------------------------------------
@@ -226,7 +300,8 @@ def _probe(path: str, *, period: int, failures: int) -> Manifest:
             "timeoutSeconds": 3}
 
 
-def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings: RenderSettings) -> Manifest:
+def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings: RenderSettings,
+                 *, generation: str | None = None) -> Manifest:
     spec = graph.spec
     overrides = spec.pod_template
     name = contract.child_name(graph.metadata.name, component)
@@ -239,7 +314,8 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         command, args = frontend_command(graph)
         image = settings.fleetpilot_image
         resources = _resources(0, spec.components.frontend.resources, dict(settings.frontend_requests))
-        grace = 30
+        grace = spec.components.frontend.drain_seconds + EXIT_MARGIN_SECONDS
+        lifecycle = None
         # Ready only while a request has somewhere to go (/ready: a prefill and a decode worker, or an
         # aggregated one); alive while it serves HTTP at all (/health).
         probes = {"readinessProbe": _probe("/ready", period=5, failures=3),
@@ -250,7 +326,10 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         image = spec.engine.image or settings.fleetpilot_image
         resources = _resources(worker.gpus, worker.resources, {})
         env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.engine.env]
-        grace = 120  # let in-flight generations finish before the engine exits
+        # In-flight prefills, KV transfers and streams finish before the engine exits.
+        grace = worker.drain_seconds + EXIT_MARGIN_SECONDS
+        hook = drain_hook(spec.engine.framework, worker.drain_seconds)
+        lifecycle = None if hook is None else {"preStop": hook}
         # Loading weights takes minutes; the startup probe holds liveness off until /health answers.
         probes = {"startupProbe": _probe("/health", period=5, failures=720),
                   "readinessProbe": _probe("/health", period=5, failures=3),
@@ -283,6 +362,8 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
     }
     if mounts:
         container["volumeMounts"] = mounts
+    if lifecycle is not None:
+        container["lifecycle"] = lifecycle
 
     pod_spec: Manifest = {
         "containers": [container],
@@ -308,6 +389,8 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
 
     # The user's labels come first so they can never replace the selector.
     labels = {**overrides.labels, **component_labels(graph, component)}
+    if generation is not None:
+        labels[contract.LABEL_GENERATION] = generation
     metadata: Manifest = {"labels": labels}
     if overrides.annotations:
         metadata["annotations"] = dict(overrides.annotations)
@@ -330,23 +413,40 @@ def workload(
     replicas: int,
     owner: OwnerRef,
     settings: RenderSettings,
+    generation: str | None = None,
 ) -> list[Manifest]:
-    """Everything one component runs on: Deployment, Service, PDB and per-engine helpers."""
+    """Everything one component runs on: Deployment, Service, PDB and per-engine helpers. A worker
+    component's Deployment and PDB are those of one generation (the graph's current one unless
+    `generation` says otherwise); the frontend's are the component's own."""
     name = contract.child_name(graph.metadata.name, component)
     selector = selector_labels(graph.metadata.name, component)
+    deployment_meta = _meta(graph, component, owner)
+    workload_selector = selector
+    spec_extra: Manifest = {}
+    if component != "frontend":
+        generation = generation or generation_of(graph, settings)
+        generation_name = contract.generation_child_name(graph.metadata.name, component, generation)
+        workload_selector = generation_selector(graph.metadata.name, component, generation)
+        deployment_meta = _meta(graph, component, owner, name=generation_name)
+        deployment_meta["labels"][contract.LABEL_GENERATION] = generation
+        # A generation that makes no progress for this long says ProgressDeadlineExceeded: a stall.
+        spec_extra["progressDeadlineSeconds"] = graph.spec.rollout.progress_deadline_seconds
+    else:
+        generation = None
     objects: list[Manifest] = [
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": _meta(graph, component, owner),
+            "metadata": deployment_meta,
             "spec": {
                 "replicas": replicas,
-                "selector": {"matchLabels": selector},
+                "selector": {"matchLabels": workload_selector},
                 # Never drop below the requested capacity during a rollout; a surge pod that finds no
                 # free GPU stays Pending and the graph's status says so.
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
                 "revisionHistoryLimit": 5,
-                "template": pod_template(graph, component, settings),
+                **spec_extra,
+                "template": pod_template(graph, component, settings, generation=generation),
             },
         },
         {
@@ -361,10 +461,11 @@ def workload(
             },
         },
         {
+            # One per generation: a node drain never takes more than one replica of either at a time.
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
-            "metadata": _meta(graph, component, owner),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+            "metadata": copy.deepcopy(deployment_meta),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": workload_selector}},
         },
     ]
     framework = graph.spec.engine.framework

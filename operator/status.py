@@ -48,6 +48,7 @@ class Observation:
     pods: list[Manifest] = field(default_factory=list)
     capacity: GpuCapacity | None = None
     error: tuple[str, str] | None = None  # (reason, message) when the reconcile itself failed
+    rollout: api.RolloutStatus | None = None  # the workers' generations (operator/rollout.py)
 
 
 def gpu_request(pod: Manifest) -> int:
@@ -158,6 +159,8 @@ def conditions(observation: Observation) -> list[api.Condition]:
         if clamped:
             degraded = _condition("Degraded", True, "ReplicasOutOfBounds",
                                   "; ".join(statuses[n].message or "" for n in clamped), generation)
+        elif observation.rollout is not None and observation.rollout.phase == "Stalled":
+            degraded = _condition("Degraded", True, "RolloutStalled", observation.rollout.message, generation)
         else:
             degraded = _condition("Degraded", False, "AsExpected", "", generation)
 
@@ -172,6 +175,10 @@ def conditions(observation: Observation) -> list[api.Condition]:
         ready = _condition("Ready", False, reason, message, generation)
         progressing = _condition("Progressing", True, "RollingOut", "rolling out " + ", ".join(rolling)
                                  if rolling else message, generation)
+        if observation.rollout is not None and observation.rollout.phase != "Complete":
+            stalled = observation.rollout.phase == "Stalled"
+            progressing = _condition("Progressing", not stalled, "RolloutStalled" if stalled else "RollingOut",
+                                     observation.rollout.message, generation)
     return [ready, progressing, degraded]
 
 
@@ -219,6 +226,7 @@ def graph_status(
         conditions=merge_transition_times(current, previous.conditions, now),
         components={c.name: component_status(c) for c in observation.components},
         endpoint=endpoint,
+        rollout=observation.rollout,
         # No planner block: status is applied server-side per field manager, so the planner's own
         # fields and conditions stay the planner's.
     )

@@ -25,14 +25,15 @@ import pydantic
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.utils import floatToGoString
 
-from fleetpilot import informer, perfmodel
+from fleetpilot import informer, perfmodel, scrape
 from fleetpilot import kube as kube_mod
 from fleetpilot.api import contract
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import core, frontends, reactive, sizing
+from fleetpilot.planner import core, frontends, reactive, sizing, zero
+from fleetpilot.planner import drift as drifts
 from fleetpilot.planner import observe as observe_mod
 from fleetpilot.planner.observe import PrometheusObserver
 
@@ -80,10 +81,13 @@ SLA_OBJECTIVE = Gauge("fleetpilot_planner_sla_objective_ratio",
                       ["namespace", "graph"])
 BINDING = Gauge("fleetpilot_planner_binding",
                 "1 for what set each component's replicas at the last decision (forecast, bounds, hold, step-limit, "
-                "budget, no-data, fast-path), 0 for the others.", ["namespace", "graph", "component", "reason"])
+                "budget, no-data, fast-path, idle: scaled to zero), 0 for the others.", ["namespace", "graph", "component", "reason"])
 BINDINGS: tuple[sizing.Binding, ...] = typing.get_args(sizing.Binding)
 FAST_PATH = Counter("fleetpilot_planner_fast_path_scale_ups_total",
                     "Replicas the fast path added between intervals, by component.", ["namespace", "graph", "component"])
+SCALE_TO_ZERO = Counter("fleetpilot_planner_scale_to_zero_total",
+                        "Scale-to-zero actions: asleep (pools to zero after the idle window) and woken (a held "
+                        "request started them again).", ["namespace", "graph", "action"])
 FAST_PATH_READS = Counter("fleetpilot_planner_fast_path_reads_total",
                           "Fast-path readings of a graph's queues, by where they came from: the frontends "
                           "asked directly, or Prometheus when a frontend did not answer.", ["source"])
@@ -96,8 +100,16 @@ for _source in ("frontend", "prometheus"):
     FAST_PATH_READS.labels(_source)
 LEADER = Gauge("fleetpilot_planner_leader",
                 "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
+PROFILE_DRIFT = Gauge("fleetpilot_planner_profile_drift",
+                      "1 while the graph's measured TTFT or ITL differs from its profile's beyond the threshold "
+                      "(the ProfileDrift condition), 0 while within it.", ["namespace", "graph"])
+PROFILE_DRIFT_RATIO = Gauge("fleetpilot_planner_profile_drift_ratio",
+                            "Measured over profile-predicted latency at the observed load (median of the recent "
+                            "intervals), per metric (ttft, itl).", ["namespace", "graph", "metric"])
 PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Time to plan one graph once.",
                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
+PROFILE_DRIFT_CONDITION = "ProfileDrift"
 
 # How far back a planner that starts (or becomes leader) reads a graph's load from Prometheus: a week,
 # within what any predictor looks at (core.HISTORY_LIMIT) and what one range query returns (11,000).
@@ -138,6 +150,29 @@ def _graph_of(pod: dict[str, Any]) -> list[tuple[str, str]]:
     return [(meta.get("namespace", ""), graph)] if graph else []
 
 
+def _may_sleep(body: dict[str, Any]) -> bool:
+    """A graph in sla mode with a worker pool whose scaling.min is 0."""
+    spec = body.get("spec", {})
+    if spec.get("planner", {}).get("mode") != "sla":
+        return False
+    pools = [spec.get("components", {}).get(p) for p in api.WORKER_COMPONENTS]
+    return any(pool is not None and pool.get("scaling", {}).get("min", 1) == 0 for pool in pools)
+
+
+def rolling_out(body: dict[str, Any]) -> bool:
+    """Whether the operator reports a rollout between generations under way (status.rollout)."""
+    return ((body.get("status") or {}).get("rollout") or {}).get("phase") == "Progressing"
+
+
+def _asleep(plan: core.Plan, graph: api.DynamoGraph) -> core.Plan:
+    """The plan of a graph asleep: its pools that may be at zero stay there until a request is held."""
+    pools = [p for p, w in graph.spec.components.workers().items() if w.scaling.min_replicas == 0]
+    return dataclasses.replace(
+        plan, replicas={**plan.replicas, **{p: 0 for p in pools}},
+        binding={**plan.binding, **dict.fromkeys(pools, "idle")},
+        reasons=[*plan.reasons, f"{', '.join(pools)}: asleep (no request for spec.planner.idleSeconds)"])
+
+
 class ProfileError(Exception):
     """No usable capacity profile: the planner cannot size this graph."""
 
@@ -163,6 +198,8 @@ class LivePlanner:
         # (the floor it never goes below), and when it next looks at the engines' queues.
         self.fast: dict[tuple[str, str], FastPathState] = {}
         self.next_react: dict[tuple[str, str], float] = {}
+        # Scale to zero: whether each graph that may sleep was idle at its last reading (planner/zero.py).
+        self.asleep: dict[tuple[str, str], bool] = {}
         self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
         # Graphs and their components, each kept by one watch per namespace instead of a LIST per tick.
         self.graphs = informer.Store()
@@ -219,6 +256,18 @@ class LivePlanner:
                    and not body["metadata"].get("deletionTimestamp")}
         self._forget_all_but(planned.keys())
         for key, body in sorted(planned.items()):
+            # Every tick, for graphs that may scale to zero: a held request wakes them within a second.
+            if not _may_sleep(body):
+                self.asleep.pop(key, None)
+                continue
+            if not self.may_act():
+                return
+            try:
+                await self.wake_or_sleep(body)
+            except kube_mod.ApiError as error:
+                ERRORS.labels("kubernetes").inc()
+                logger.warning("scale to zero for %s/%s failed: %s", *key, error)
+        for key, body in sorted(planned.items()):
             if self.next_due.get(key, 0) > now:
                 continue
             if not self.may_act():
@@ -235,6 +284,8 @@ class LivePlanner:
             state = self.fast.get(key)
             if state is None or state.config.reactive_period_s is None or self.next_react.get(key, 0) > now:
                 continue
+            if rolling_out(body):
+                continue  # a rollout moves capacity between generations: the planner holds until it is done
             if not self.may_act():
                 return
             self.next_react[key] = now + state.config.reactive_period_s
@@ -252,6 +303,7 @@ class LivePlanner:
             self.memory.pop(key, None)
             self.fast.pop(key, None)
             self.next_react.pop(key, None)
+            self.asleep.pop(key, None)
         names = {f"{namespace}/{name}" for namespace, name in keep}
         for budget in self.ledger.budgets:
             for claim in self.ledger.claims(budget):
@@ -340,6 +392,8 @@ class LivePlanner:
                 wanted_gpus=plan.wanted_gpus))
         if budget_note:
             plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
+        if self.asleep.get(key):
+            plan = _asleep(plan, graph)
         if not self.may_act():
             return None
         if config.mode == "sla" and config.disaggregated and plan.data_ok:
@@ -350,7 +404,12 @@ class LivePlanner:
         logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
 
         changed = {pool: n for pool, n in plan.replicas.items() if n != current.get(pool)}
-        if config.mode == "sla":
+        holding_for_rollout = config.mode == "sla" and rolling_out(body)
+        if holding_for_rollout:
+            # Advisory while generations change: the rollout sizes each generation from the totals the
+            # planner set last; a new total now would move the goalposts of a half-done rollout.
+            plan = dataclasses.replace(plan, reasons=[*plan.reasons, "holding: a rollout is in progress"])
+        if config.mode == "sla" and not holding_for_rollout:
             for pool, replicas in changed.items():
                 await self.kube.patch("DynamoGraphComponent", namespace, contract.child_name(name, pool),
                                       {"spec": {"replicas": replicas}}, subresource="scale")
@@ -363,9 +422,54 @@ class LivePlanner:
                                message=f"holding replicas: {observation.error or 'incomplete metrics'}")
         else:
             verb = "scaling" if config.mode == "sla" else "advising (mode advisory: replicas untouched)"
+            if holding_for_rollout:
+                verb = "advising until the rollout completes (replicas untouched)"
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}",
-                               learned=core.learned(self.memory[key]))
+                               learned=core.learned(self.memory[key]), profile=capacity.profile.source)
         return plan
+
+    async def wake_or_sleep(self, body: dict[str, Any]) -> dict[str, int]:
+        """Scale to zero and back (planner/zero.py) from the graph's frontends read now: wake the pools at
+        zero when a request is held, send the pools that may sleep to zero after the idle window."""
+        graph = api.DynamoGraph.model_validate(body)
+        namespace, name = graph.metadata.namespace, graph.metadata.name
+        key = (namespace, name)
+        if rolling_out(body):
+            return {}
+        pods = self.frontend_pods.by_index("graph", key)
+        urls = [url for pod in pods if (url := contract.pod_http_url(pod)) is not None]
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        texts = await scrape.read_texts(self._http, urls)
+        demand = None if texts is None else frontends.demand_from_expositions(texts)
+        if demand is None:
+            self.asleep.pop(key, None)  # unknown: never sleep on a guess
+            return {}
+        idle_window = float(graph.spec.planner.idle_seconds)
+        self.asleep[key] = zero.asleep(demand, idle_window)
+        asked, _ = await self._replicas(graph)
+        current = {str(pool): n for pool, n in asked.items()}
+        change = zero.decide(min_replicas={p: w.scaling.min_replicas for p, w in graph.spec.components.workers().items()},
+                             current=current, demand=demand, idle_window_s=idle_window)
+        if not change or not self.may_act():
+            return {}
+        for pool, replicas in change.items():
+            await self.kube.patch("DynamoGraphComponent", namespace, contract.child_name(name, pool),
+                                  {"spec": {"replicas": replicas}}, subresource="scale")
+            DESIRED.labels(namespace, name, pool).set(replicas)
+            _set_binding(namespace, name, pool, "idle")
+        moves = ", ".join(f"{p} {current.get(p, 0)}→{n}" for p, n in change.items())
+        if demand.held > 0:
+            SCALE_TO_ZERO.labels(namespace, name, "woken").inc()
+            why = f"{demand.held:g} request(s) held by the frontend for a worker"
+            reason = "WokenUp"
+        else:
+            SCALE_TO_ZERO.labels(namespace, name, "asleep").inc()
+            why = f"no request for {demand.idle_s:.0f} s (spec.planner.idleSeconds {idle_window:g})"
+            reason = "ScaledToZero"
+        logger.info("%s/%s: %s: %s", namespace, name, moves, why)
+        await self._event(body, reason, f"{moves}: {why}")
+        return change
 
     async def _warm_start(self, namespace: str, name: str, config: core.GraphPlanConfig,
                           body: dict[str, Any]) -> core.GraphMemory:
@@ -474,15 +578,18 @@ class LivePlanner:
                 FORECAST_COVERAGE.labels(namespace, name, load, f"{level:g}").set(share)
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
-                      message: str, learned: dict[str, float] | None = None) -> None:
+                      message: str, learned: dict[str, float] | None = None, profile: str | None = None) -> None:
         conditions = body.get("status", {}).get("conditions", [])
         previous = contract.find_condition(conditions, "PlannerActive") or {}
         block: dict[str, Any] = {"lastDecisionTime": contract.now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
                                  "reason": message[:1024]}
+        known = (body.get("status") or {}).get("planner") or {}
         if learned:
             block["learned"] = learned
-        elif "learned" in ((body.get("status") or {}).get("planner") or {}):
-            block["learned"] = body["status"]["planner"]["learned"]  # holding: keep what is known
+        elif "learned" in known:
+            block["learned"] = known["learned"]  # holding: keep what is known
+        if profile or known.get("profile"):
+            block["profile"] = (profile or known["profile"])[:512]  # which profile the graph is sized from
         if plan is not None:
             block["replicas"] = dict(plan.replicas)
             block["binding"] = dict(plan.binding)
@@ -496,17 +603,38 @@ class LivePlanner:
                                       "isl": round(plan.predicted.isl), "osl": round(plan.predicted.osl),
                                       "predictor": plan.predictor,
                                       "risk": body["spec"]["planner"].get("risk", core.DEFAULT_RISK)}
+        generation = body["metadata"].get("generation", 0)
+        drifting = self._drift_condition(body, plan.drift if plan is not None else None, generation)
         await self.kube.apply({
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]},
             "status": {
                 "planner": block,
                 "conditions": [contract.condition("PlannerActive", active, reason, message, previous=conditions,
-                                                  generation=body["metadata"].get("generation", 0))],
+                                                  generation=generation), *drifting],
             },
         }, subresource="status")
         if previous.get("reason") != reason:
             await self._event(body, reason, message, warning=not active)
+        was = contract.find_condition(conditions, PROFILE_DRIFT_CONDITION) or {}
+        if drifting and drifting[0]["status"] == "True" and was.get("status") != "True":
+            await self._event(body, PROFILE_DRIFT_CONDITION, drifting[0]["message"], warning=True)
+
+    def _drift_condition(self, body: dict[str, Any], verdict: drifts.Verdict | None,
+                         generation: int) -> list[dict[str, Any]]:
+        """The ProfileDrift condition for this report: from the verdict, else (holding) the one the graph has,
+        which the planner, applying status server-side, must send again to keep."""
+        conditions = body.get("status", {}).get("conditions", [])
+        if verdict is None:
+            kept = contract.find_condition(conditions, PROFILE_DRIFT_CONDITION)
+            return [dict(kept)] if kept else []
+        meta = body["metadata"]
+        PROFILE_DRIFT.labels(meta["namespace"], meta["name"]).set(1 if verdict.drifted else 0)
+        for figure in verdict.figures:
+            PROFILE_DRIFT_RATIO.labels(meta["namespace"], meta["name"], figure.metric).set(figure.ratio)
+        status = "Unknown" if verdict.drifted is None else verdict.drifted
+        return [contract.condition(PROFILE_DRIFT_CONDITION, status, verdict.reason, verdict.message,
+                                   previous=conditions, generation=generation)]
 
     async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         try:

@@ -22,6 +22,9 @@ LABEL_COMPONENT = "fleetpilot.dev/component"
 LABEL_FRAMEWORK = "fleetpilot.dev/framework"
 #: Set on the dev cluster's kwok nodes.
 LABEL_SIMULATED_NODE = "fleetpilot.dev/simulated-node"
+#: The generation of a worker pod: a short hash of what makes its KV cache compatible with another's
+#: (engine, image, model, arguments). The frontend pairs a prefill and a decode of one generation only.
+LABEL_GENERATION = "fleetpilot.dev/generation"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -51,16 +54,32 @@ def latency_bucket(target_s: float) -> float:
     target, as far as the histogram can tell (the alert rules' burn rates count them so)."""
     return min(LATENCY_BUCKETS, key=lambda bound: abs(math.log(bound / target_s)))
 
+#: Requests a frontend holds because no worker could take them yet (a pool at zero, starting): the
+#: demand the planner wakes a pool scaled to zero for, read from the frontends directly.
+HELD_METRIC = "fleetpilot_frontend_held_requests"
+#: Seconds since a frontend last received a request (since it started, before the first): the
+#: planner's idle clock for scale to zero.
+IDLE_METRIC = "fleetpilot_frontend_seconds_since_last_request"
+#: Requests in flight per worker pod as a frontend counts them (label `worker`: the pod's name): the
+#: operator removes the least loaded replica first on a scale-down.
+WORKER_LOAD_METRIC = "fleetpilot_frontend_worker_inflight_requests"
+INFLIGHT_METRIC = "fleetpilot_frontend_inflight_requests"
+
 # -- annotations -----------------------------------------------------------------------------------
 
 #: A digest of the manifest the operator last applied to a child: a child whose digest and fields
 #: still match what the graph asks for needs no write.
 ANNOTATION_APPLIED = "fleetpilot.dev/applied-digest"
+#: Kubernetes' own: of a ReplicaSet's Ready pods, the one with the lowest cost is removed first on a
+#: scale-down. The operator sets it from the frontends' per-worker load before lowering replicas.
+ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 # -- identities: field managers, Lease names, Event sources ----------------------------------------
 
 OPERATOR = "fleetpilot-operator"
 PLANNER = "fleetpilot-planner"
+#: `fleetpilot profile --apply` writes the profile's ConfigMap as this field manager.
+PROFILER = "fleetpilot-profiler"
 #: The operator's children say they are managed by it (`app.kubernetes.io/managed-by`).
 MANAGED_BY = OPERATOR
 
@@ -80,6 +99,11 @@ def child_name(graph: str, component: str) -> str:
 
 def graph_selector(graph: str) -> dict[str, str]:
     return {LABEL_GRAPH: graph}
+
+
+def generation_child_name(graph: str, component: str, generation: str) -> str:
+    """`<graph>-<component>-<generation>`: a worker component's Deployment and PDB of one generation."""
+    return f"{graph}-{component}-{generation}"
 
 
 def pod_http_url(pod: dict[str, Any], *, default_port: int = 8000) -> str | None:

@@ -124,12 +124,39 @@ class RouterSpec(ApiModel):
     )
 
 
+#: Seconds a pod may take to finish what it serves before it goes (the default of `drainSeconds`).
+DEFAULT_DRAIN_SECONDS = 120
+#: How long a frontend holds a request for a worker when a pool may scale to zero and none is ready.
+DEFAULT_HOLD_SECONDS = 300
+
+
+def _drain_seconds() -> Any:
+    return Field(
+        default=DEFAULT_DRAIN_SECONDS, ge=0, le=3600,
+        description=("Seconds a pod that is going away (scale-down, rollout, node drain) may take to finish the "
+                     "requests it serves — prefills, KV transfers, decode streams — after it stopped getting new "
+                     "ones; its terminationGracePeriodSeconds. Longer than the longest generation you serve."),
+    )
+
+
 class FrontendSpec(ApiModel):
     """The OpenAI-compatible router in front of the workers."""
 
     replicas: int = Field(default=1, ge=1, le=100, description="Initial frontend replicas.")
     router: RouterSpec = _defaulted(RouterSpec)
     resources: ResourceRequirements | None = None
+    drain_seconds: int = _drain_seconds()
+    hold_seconds: int | None = Field(
+        default=None, ge=0, le=3600,
+        description=("How long a request waits in the frontend for a worker when none is ready (a pool scaled to "
+                     "zero and starting, a rollout's gap), then 503 with Retry-After. Default: "
+                     f"{DEFAULT_HOLD_SECONDS} when a worker pool may scale to zero (scaling.min 0), else 0 "
+                     "(503 at once)."),
+    )
+    hold_queue: int = Field(
+        default=256, ge=1, le=100_000,
+        description="Most requests held at once per frontend; one more gets 503 with Retry-After at once.",
+    )
 
 
 class WorkerSpec(ApiModel):
@@ -159,6 +186,7 @@ class WorkerSpec(ApiModel):
     scaling: ScalingBounds = _defaulted(ScalingBounds)
     args: list[str] = Field(default_factory=list, description="Extra engine flags for this component.")
     resources: ResourceRequirements | None = None
+    drain_seconds: int = _drain_seconds()
 
 
 class ComponentsSpec(ApiModel):
@@ -186,6 +214,16 @@ class ComponentsSpec(ApiModel):
         pools: dict[WorkerName, WorkerSpec | None] = {
             "prefill": self.prefill, "decode": self.decode, "aggregated": self.aggregated}
         return {name: spec for name, spec in pools.items() if spec is not None}
+
+    def may_scale_to_zero(self) -> bool:
+        """Whether some worker pool may have no replica at all (its scaling.min is 0)."""
+        return any(worker.scaling.min_replicas == 0 for worker in self.workers().values())
+
+    def hold_seconds(self) -> int:
+        """How long the frontend holds a request for a worker: the spec's, or its default."""
+        if self.frontend.hold_seconds is not None:
+            return self.frontend.hold_seconds
+        return DEFAULT_HOLD_SECONDS if self.may_scale_to_zero() else 0
 
 
 class PodTemplateOverrides(ApiModel):
@@ -216,6 +254,39 @@ class ProfileRef(ApiModel):
 
     config_map: str = Field(min_length=1)
     key: str = Field(default="profile.json", min_length=1)
+
+
+class ProfileSettings(ApiModel):
+    """How the planner holds the capacity profile against the running fleet."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            ("!has(self.driftThreshold) || (self.driftThreshold >= 0.05 && self.driftThreshold <= 1.0)",
+             ("planner.profile.driftThreshold must lie from 0.05 to 1.0: the share by which measured TTFT or ITL may "
+             "differ from the profile's before ProfileDrift is set, e.g. 0.2")),
+        )
+    )
+
+    auto_correct: bool = Field(
+        default=True,
+        description=("Size with the speed factors and latency offsets the planner learns from the fleet (bounded; "
+                     "exported as fleetpilot_planner_correction_factor and _latency_offset_seconds). false: size "
+                     "from the profile as written; drift is still measured and reported."),
+    )
+    drift_threshold: float = Field(
+        default=0.2,
+        description=("How far measured TTFT or ITL may differ from what the profile predicts at the observed load "
+                     "(a share: 0.2 is 20%), sustained over the planner's calibration window, before the graph's "
+                     "ProfileDrift condition turns True."),
+    )
+
+    @field_validator("drift_threshold")
+    @classmethod
+    def _threshold_in_range(cls, threshold: float) -> float:
+        if not 0.05 <= threshold <= 1.0:
+            raise ValueError("planner.profile.driftThreshold must lie from 0.05 to 1.0: the share by which measured "
+                             "TTFT or ITL may differ from the profile's before ProfileDrift is set, e.g. 0.2")
+        return threshold
 
 
 class PlannerSpec(ApiModel):
@@ -265,6 +336,25 @@ class PlannerSpec(ApiModel):
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="Within a shared budget, higher priority is served first.")
     profile_ref: ProfileRef | None = None
+    idle_seconds: int = Field(
+        default=300, ge=10, le=86_400,
+        description=("Scale to zero: after no request for this long, the planner (mode sla) scales the worker pools "
+                     "whose scaling.min is 0 to no replica; the frontend stays, holds the next request and wakes "
+                     "the planner, which starts them again."),
+    )
+    profile: ProfileSettings | None = Field(
+        default=None, description="How the planner treats the profile's drift from the fleet (defaults when absent).")
+
+
+class RolloutSpec(ApiModel):
+    """How a new generation of the workers replaces the old one."""
+
+    progress_deadline_seconds: int = Field(
+        default=600, ge=30, le=86_400,
+        description=("A new generation that makes no progress (no new replica Ready) for this long stalls the "
+                     "rollout: the old generation keeps serving and the graph says Degraded=RolloutStalled. A "
+                     "crash-looping or unpullable new generation stalls at once."),
+    )
 
 
 class DynamoGraphSpec(ApiModel):
@@ -281,6 +371,7 @@ class DynamoGraphSpec(ApiModel):
     components: ComponentsSpec
     pod_template: PodTemplateOverrides = _defaulted(PodTemplateOverrides)
     planner: PlannerSpec = _defaulted(PlannerSpec)
+    rollout: RolloutSpec = _defaulted(RolloutSpec)
 
 
 class Condition(ApiModel):
@@ -304,6 +395,23 @@ class ComponentStatus(ApiModel):
     message: str | None = None
 
 
+class GenerationStatus(ApiModel):
+    """One generation of the graph's workers: its replicas per component."""
+
+    name: str = Field(description="The generation: a hash of the engine, image, model and arguments it runs.")
+    components: dict[str, ComponentStatus] = Field(default_factory=dict)
+
+
+class RolloutStatus(ApiModel):
+    """Where the workers stand between generations."""
+
+    target: str = Field(description="The generation the spec asks for.")
+    phase: Literal["Complete", "Progressing", "Stalled"] = "Complete"
+    message: str = ""
+    reason: str | None = Field(default=None, description="Why the rollout stalled.")
+    generations: list[GenerationStatus] = Field(default_factory=list, description="Newest (the target) first.")
+
+
 class DynamoGraphStatus(ApiModel):
     """What the operator (and planner) observed; never written by users."""
 
@@ -315,6 +423,7 @@ class DynamoGraphStatus(ApiModel):
     components: dict[str, ComponentStatus] = Field(default_factory=dict)
     endpoint: str | None = None
     planner: dict[str, Any] | None = _preserve_unknown("The planner's last decision and why.")
+    rollout: RolloutStatus | None = None
 
 
 class DynamoGraphComponentSpec(ApiModel):

@@ -52,6 +52,7 @@ class Result:
     error: str | None = None
     token_times_s: list[float] = field(default_factory=list)  # each chunk that carried text
     output_tokens: int = 0  # from the usage block when the server sends one, else chunks counted
+    finish_reason: str | None = None  # why the output ended, as the server said: a complete answer has one
 
     @property
     def lateness_s(self) -> float:
@@ -116,6 +117,13 @@ def _chunk_text(chunk: dict[str, Any]) -> str:
     return text if isinstance(text, str) else ""
 
 
+def _finish_reason(payload: dict[str, Any]) -> str | None:
+    choices = payload.get("choices") or []
+    if choices and isinstance(choices[0], dict) and isinstance(choices[0].get("finish_reason"), str):
+        return str(choices[0]["finish_reason"])
+    return None
+
+
 def _completion_tokens(payload: dict[str, Any]) -> int | None:
     usage = payload.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
@@ -147,6 +155,11 @@ async def _stream(
             data = line[len("data:") :].strip()
             if data == "[DONE]":
                 result.output_tokens = usage_tokens if usage_tokens is not None else len(result.token_times_s)
+                if result.finish_reason is None:
+                    # A stream cut short and closed politely is still cut short: a complete answer
+                    # says why it ended (length, stop).
+                    raise _Failed(f"truncated: the stream ended after {len(result.token_times_s)} chunks without a "
+                                  "finish_reason")
                 return
             try:
                 chunk = json.loads(data)
@@ -158,6 +171,7 @@ async def _stream(
                 raise _Failed(f"error event: {json.dumps(chunk['error'])[:500]}")
             if _chunk_text(chunk):
                 result.token_times_s.append(now - sent)
+            result.finish_reason = _finish_reason(chunk) or result.finish_reason
             usage_tokens = _completion_tokens(chunk) or usage_tokens
     result.output_tokens = len(result.token_times_s)
     raise _Failed("bad stream: it ended without `data: [DONE]`")
@@ -175,6 +189,9 @@ async def _complete(client: httpx.AsyncClient, endpoint: str, body: dict[str, An
     if not isinstance(payload, dict):
         raise _Failed("bad response: not a JSON object")
     result.output_tokens = _completion_tokens(payload) or 0
+    result.finish_reason = _finish_reason(payload)
+    if result.finish_reason is None:
+        raise _Failed("truncated: the answer has no finish_reason")
 
 
 async def _send(

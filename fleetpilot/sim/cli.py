@@ -2,9 +2,9 @@
 
 Where it sits: the entry point above `server` and `engine`. It turns flags into the performance model
 (`fleetpilot.perfmodel`, from a model preset, a GPU and the parallelism), the scheduler's limits and
-the server's identity, then runs uvicorn. SIGTERM stops accepting connections and lets requests in
-flight finish for up to `--shutdown-timeout` seconds (uvicorn's graceful shutdown) before the engine
-stops.
+the server's identity, then runs uvicorn. On SIGTERM it drains (`server.DrainingServer`): it serves
+on until nothing runs, waits or holds KV for a decode worker, for up to `--shutdown-timeout` seconds,
+then stops accepting connections and lets what is still open finish.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def add_parser(sub: Any) -> None:
     worker.add_argument("--advertise-host", default=None,
                         help="host peers use to reach this worker"
                              " (default: $POD_IP, else --host, else this host's address)")
-    worker.add_argument("--shutdown-timeout", type=int, default=30, help="seconds to drain on SIGTERM")
+    worker.add_argument("--shutdown-timeout", type=int, default=30,
+                        help="seconds to drain on SIGTERM: requests in flight finish and held KV is pulled")
     worker.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     worker.set_defaults(func=cli)
 
@@ -134,5 +135,5 @@ def cli(args: argparse.Namespace) -> int:
     app = server.create_app(config, sim)
     uvicorn_config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
                                     timeout_graceful_shutdown=args.shutdown_timeout)
-    uvicorn.Server(uvicorn_config).run(sockets=[sock])
+    server.DrainingServer(uvicorn_config, sim, drain_s=args.shutdown_timeout).run(sockets=[sock])
     return 0

@@ -189,7 +189,7 @@ def exported_metrics() -> set[str]:
     names = _family_samples(list(prometheus_client.REGISTRY.collect()))  # operator, planner, process_*
     names |= _family_samples(list(frontend_metrics.FrontendMetrics().registry.collect()))
     snapshot = types.SimpleNamespace(running=0, waiting=0, kv_usage=0.0, preemptions=0, prompt_tokens=0,
-                                     generation_tokens=0, finished={})
+                                     generation_tokens=0, finished={}, kv_blocks_total=0)
     sim = sim_metrics.SimMetrics(model_name="m", snapshot=lambda: snapshot)  # type: ignore[arg-type, return-value]
     names |= _family_samples(list(sim.registry.collect()))
     return names | {"up"}
@@ -462,7 +462,8 @@ def test_operator_rbac_is_exactly_what_it_uses() -> None:
         ("policy", "poddisruptionbudgets"): writes,
         ("rbac.authorization.k8s.io", "roles"): writes,
         ("rbac.authorization.k8s.io", "rolebindings"): writes,
-        ("", "pods"): {"get", "list", "watch"},
+        # patch: the pod-deletion-cost written before a scale-down (operator/scaledown.py).
+        ("", "pods"): {"get", "list", "watch", "patch"},
         ("", "events"): {"create"},
     }
     assert _grants(_rules(docs, "fleetpilot-operator-cluster")) == {

@@ -243,8 +243,11 @@ def test_defaulted_sub_objects_carry_their_defaults(graph_schema: dict[str, Any]
     assert node_at(graph_schema, "spec.components.frontend")["default"] == {
         "replicas": 1,
         "router": {"policy": "prefix-aware"},
+        "drainSeconds": 120,
+        "holdQueue": 256,
     }
     assert node_at(graph_schema, "spec.planner")["default"]["mode"] == "off"
+    assert node_at(graph_schema, "spec.rollout")["default"] == {"progressDeadlineSeconds": 600}
 
 
 def test_several_non_null_branches_are_refused() -> None:

@@ -102,7 +102,8 @@ def test_projections_drop_what_nobody_reads() -> None:
     projected = cache.projection("Pod", pod)
     assert projected["spec"] == {"nodeName": "n1", "initContainers": [],
                                  "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}
-    assert projected["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    assert projected["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                                   "podIP": "1.2.3.4"}  # where a frontend serves its per-worker load
     assert "managedFields" not in projected["metadata"]
     deployment = cache.projection("Deployment", obj("Deployment", "d", "1", spec={"replicas": 2}))
     assert deployment["spec"] == {"replicas": 2} and "managedFields" not in deployment["metadata"]

@@ -275,10 +275,15 @@ def test_selector_is_a_subset_of_pod_labels_despite_user_labels(component: api.C
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     selector = deployment["spec"]["selector"]["matchLabels"]
 
-    assert selector == {contract.LABEL_GRAPH: "llama-disagg", contract.LABEL_COMPONENT: component}
+    component_selector = {contract.LABEL_GRAPH: "llama-disagg", contract.LABEL_COMPONENT: component}
+    if component != "frontend":  # one Deployment and PDB per generation; the Service selects them all
+        assert selector == {**component_selector,
+                            contract.LABEL_GENERATION: render.generation_of(graph, SETTINGS)}
+    else:
+        assert selector == component_selector
     assert selector.items() <= pod_labels.items()
     assert pod_labels["team"] == "inference"  # harmless user labels are kept
-    assert one(objects, "Service")["spec"]["selector"] == selector
+    assert one(objects, "Service")["spec"]["selector"] == component_selector
     assert one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == selector
 
 
@@ -641,3 +646,130 @@ def test_rendering_does_not_mutate_the_graph(sample: str) -> None:
 def test_components_of_lists_frontend_then_workers() -> None:
     assert render.components_of(parse(VLLM_DISAGG)) == ["frontend", "prefill", "decode"]
     assert render.components_of(parse(SGLANG_AGG)) == ["frontend", "aggregated"]
+
+
+# -- generations, drain, scale to zero -----------------------------------------------------------------
+
+
+def _changed(sample: dict[str, Any], path: str, value: Any) -> api.DynamoGraph:
+    body = copy.deepcopy(sample)
+    node = body["spec"]
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return parse(body)
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("engine.image", "vllm/vllm-openai:v0.10.0"),
+    ("engine.args", ["--max-model-len", "8192"]),
+    ("model.name", "meta-llama/Llama-3.1-70B-Instruct-FP8"),
+    ("components.prefill.args", ["--enforce-eager"]),
+    ("components.decode.parallelism", {"tensor": 1}),
+])
+def test_what_the_engine_runs_is_a_new_generation_of_both_pools(path: str, value: Any) -> None:
+    before = render.generation_of(parse(VLLM_DISAGG), SETTINGS)
+    graph = _changed(VLLM_DISAGG, path, value)
+    if path.endswith("parallelism"):
+        graph = _changed(VLLM_DISAGG, "components.decode", {
+            **VLLM_DISAGG["spec"]["components"]["decode"], "parallelism": value, "gpus": 1})
+    after = render.generation_of(graph, SETTINGS)
+    assert after != before
+    for component in ("prefill", "decode"):  # graph-wide: a change to one pool rolls both
+        name = one(render_workload(graph, component), "Deployment")["metadata"]["name"]
+        assert name == contract.generation_child_name("llama-disagg", component, after)
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("components.decode.resources", {"requests": {"memory": "64Gi"}}),
+    ("components.decode.drainSeconds", 600),
+    ("components.prefill.replicas", 3),
+    ("podTemplate.nodeSelector", {"pool": "b"}),
+    ("planner.mode", "advisory"),
+])
+def test_what_does_not_change_the_kv_cache_rolls_in_place(path: str, value: Any) -> None:
+    graph = _changed(VLLM_DISAGG, path, value)
+    if path == "planner.mode":
+        graph = _changed(VLLM_DISAGG, "planner", {"mode": "advisory", "sla": {"ttftMs": 500, "itlMs": 50}})
+    assert render.generation_of(graph, SETTINGS) == render.generation_of(parse(VLLM_DISAGG), SETTINGS)
+
+
+def test_the_simulators_image_is_part_of_its_generation() -> None:
+    graph = parse(SAMPLES["sim-disagg"])
+    assert render.generation_of(graph, SETTINGS) != render.generation_of(
+        graph, render.RenderSettings(fleetpilot_image="fleetpilot/fleetpilot:0.2.0"))
+
+
+def test_drain_seconds_set_the_grace_period_and_the_engines_own_drain() -> None:
+    graph = _changed(SAMPLES["sim-disagg"], "components.decode.drainSeconds", 45)
+    pod = one(render_workload(graph, "decode"), "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 45 + render.EXIT_MARGIN_SECONDS
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--shutdown-timeout") + 1] == "45"  # the simulator drains on SIGTERM itself
+    assert "lifecycle" not in pod["containers"][0]
+    frontend = one(render_workload(graph, "frontend"), "Deployment")["spec"]["template"]["spec"]
+    assert frontend["terminationGracePeriodSeconds"] == api.DEFAULT_DRAIN_SECONDS + render.EXIT_MARGIN_SECONDS
+
+
+def test_vllm_workers_wait_for_their_requests_before_sigterm() -> None:
+    container = one(render_workload(parse(VLLM_DISAGG), "decode"), "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["python3", "-c"]
+    assert command[3:] == ["8000", "120", "vllm:num_requests_running", "vllm:num_requests_waiting"]
+
+
+def _frontend_args(graph: api.DynamoGraph) -> list[str]:
+    args: list[str] = one(render_workload(graph, "frontend"), "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    return args
+
+
+def test_a_graph_that_may_scale_to_zero_holds_requests_in_its_frontend() -> None:
+    held = _changed(SAMPLES["sim-disagg"], "components.decode.scaling", {"min": 0, "max": 4})
+    args = _frontend_args(held)
+    assert args[args.index("--hold-seconds") + 1] == str(api.DEFAULT_HOLD_SECONDS)
+    args = _frontend_args(parse(SAMPLES["sim-disagg"]))
+    assert args[args.index("--hold-seconds") + 1] == "0"  # no pool at zero: 503 at once, as before
+    explicit = _changed(SAMPLES["sim-disagg"], "components.frontend", {"holdSeconds": 30, "holdQueue": 20})
+    args = _frontend_args(explicit)
+    assert args[args.index("--hold-seconds") + 1] == "30" and args[args.index("--hold-queue") + 1] == "20"
+
+
+def test_the_drain_hook_waits_until_the_engine_has_nothing_left() -> None:
+    """The preStop script itself, against a /metrics that says busy twice and then idle."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    answers: list[str] = []
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            running = 3 if len(answers) < 2 else 0
+            answers.append(f"running={running}")
+            body = (f'# HELP vllm:num_requests_running x\nvllm:num_requests_running{{model_name="m"}} {running}.0\n'
+                    'vllm:num_requests_waiting{model_name="m"} 0.0\nvllm:other 5.0\n').encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hook = render.drain_hook("vllm", 1)
+        assert hook is not None
+        command = hook["exec"]["command"]
+        # The port is the pod's; here the test server's. 60 s to drain: it stops polling once idle, then
+        # waits 5 s for KV transfers the gauges do not count.
+        argv = [sys.executable, *command[1:3], str(server.server_address[1]), "60", *command[5:]]
+        finished = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        server.shutdown()
+    assert finished.returncode == 0, finished.stderr
+    assert answers == ["running=3", "running=3", "running=0"]  # polled until idle, then stopped polling

@@ -84,7 +84,8 @@ def _app(received: list[Received]) -> Starlette:
         if not body.get("stream"):
             await asyncio.sleep(first + TOKEN_GAP_S * (tokens - 1))
             usage = {"prompt_tokens": 1, "completion_tokens": tokens}
-            return JSONResponse({"choices": [{"index": 0, "text": " tok" * tokens}], "usage": usage})
+            return JSONResponse({"choices": [{"index": 0, "text": " tok" * tokens, "finish_reason": "length"}],
+                                 "usage": usage})
 
         async def events() -> AsyncIterator[str]:
             yield _event({"choices": [{"index": 0, "text": ""}]})  # an empty opener is no token
@@ -96,7 +97,10 @@ def _app(received: list[Received]) -> Starlette:
                     raise ConnectionAbortedError("the engine went away")  # uvicorn cuts the stream
                 if mode == "garbage" and index == 2:
                     yield _event("{not json")
-                yield _event({"choices": [{"index": 0, "text": " tok"}]})
+                if mode == "truncated" and index == 3:
+                    break  # ends politely ([DONE] below), but short and without a finish_reason
+                last = index == tokens - 1
+                yield _event({"choices": [{"index": 0, "text": " tok", "finish_reason": "length" if last else None}]})
             if mode == "nodone":
                 return
             yield _event({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": tokens}})
@@ -193,6 +197,7 @@ def test_requests_go_out_on_schedule_even_when_the_server_is_slow(frontend: Fake
         ("drop", "RemoteProtocolError|ReadError"),
         ("garbage", "not JSON"),
         ("nodone", r"without `data: \[DONE\]`"),
+        ("truncated", "truncated: .*without a finish_reason"),
     ],
 )
 def test_errors_are_recorded_and_do_not_stop_the_run(
