@@ -75,6 +75,9 @@ class ClosedLoop:
     risk: float = 0.5
     fast_path_s: int = 5  # spec.planner.fastPathSeconds; 0: the interval's forecast alone
     window_s: float | None = None  # the trace's and the timeline's step; None: one planning interval
+    # spec.planner.gpuBudget: above what the bounds allow (6 + 4), so it never binds; it puts the planner's
+    # GPU gauges (used, wanted, budget) on the dashboards and under the budget alert with live data.
+    gpu_budget: int = 12
     # The engine runs this many times slower than the profile the planner is given says (1: as profiled).
     engine_slowdown: float = 1.0
     auto_correct: bool | None = None  # spec.planner.profile.autoCorrect; None: the API's default
@@ -132,6 +135,7 @@ class ClosedLoop:
                 # risk 0.5: a 4-minute run is 24 ten-second intervals; after its 8× ramp the calibrated
                 # 0.9-quantile stays wide for longer than the run (docs/decisions.md, "One risk knob").
                 "planner": {"mode": mode, "predictor": "constant", "intervalSeconds": self.interval_s,
+                            "gpuBudget": self.gpu_budget,
                             "risk": self.risk, "fastPathSeconds": self.fast_path_s,
                             "sla": {"ttftMs": self.ttft_ms, "itlMs": self.itl_ms, "percentile": self.percentile},
                             "profileRef": {"configMap": f"{self.graph}-profile"},

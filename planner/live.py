@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.utils import floatToGoString
 
 from fleetpilot import informer, perfmodel, scrape
 from fleetpilot import kube as kube_mod
@@ -71,8 +72,13 @@ WANTED_GPUS = Gauge("fleetpilot_planner_wanted_gpus", "GPUs the decision would u
                     ["namespace", "graph"])
 GPU_BUDGET = Gauge("fleetpilot_planner_gpu_budget", "GPU cap applied this interval (own gpuBudget or budget share).",
                    ["namespace", "graph"])
-SLA_TARGET = Gauge("fleetpilot_planner_sla_target_seconds", "The graph's SLA targets the planner plans for.",
-                   ["namespace", "graph", "metric"])
+SLA_TARGET = Gauge("fleetpilot_planner_sla_target_seconds",
+                   "The graph's SLA targets the planner plans for (metric ttft or itl), with `le` the frontend's "
+                   "histogram bucket bound that resolves the target: the alert rules count the requests in it as met.",
+                   ["namespace", "graph", "metric", "le"])
+SLA_OBJECTIVE = Gauge("fleetpilot_planner_sla_objective_ratio",
+                      "The share of requests the SLA asks to meet its targets (spec.planner.sla.percentile / 100).",
+                      ["namespace", "graph"])
 BINDING = Gauge("fleetpilot_planner_binding",
                 "1 for what set each component's replicas at the last decision (forecast, bounds, hold, step-limit, "
                 "budget, no-data, fast-path, idle: scaled to zero), 0 for the others.", ["namespace", "graph", "component", "reason"])
@@ -86,6 +92,12 @@ FAST_PATH_READS = Counter("fleetpilot_planner_fast_path_reads_total",
                           "Fast-path readings of a graph's queues, by where they came from: the frontends "
                           "asked directly, or Prometheus when a frontend did not answer.", ["source"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
+# Every reason exists from the start at 0: an alert or panel on an error rate then reads a zero, not an
+# absent series (which a renamed label would look like too).
+for _reason in ("kubernetes", "profile", "no-data"):
+    ERRORS.labels(_reason)
+for _source in ("frontend", "prometheus"):
+    FAST_PATH_READS.labels(_source)
 LEADER = Gauge("fleetpilot_planner_leader",
                 "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
 PROFILE_DRIFT = Gauge("fleetpilot_planner_profile_drift",
@@ -180,6 +192,7 @@ class LivePlanner:
         self.startup_s = startup_s
         self.hold_s = hold_s
         self.memory: dict[tuple[str, str], core.GraphMemory] = {}
+        self._sla_buckets: dict[tuple[str, str, str], str] = {}  # (namespace, graph, metric) -> le exported
         self.next_due: dict[tuple[str, str], float] = {}
         # The fast path between intervals: per graph, what its last plan was made with and decided
         # (the floor it never goes below), and when it next looks at the engines' queues.
@@ -522,6 +535,18 @@ class LivePlanner:
             self._http = httpx.AsyncClient()
         return await frontends.read_gauges(self._http, urls)
 
+    def _export_sla(self, namespace: str, name: str, sla: api.SlaTarget) -> None:
+        """The SLA as the alert rules and dashboards join it; a changed target's old bucket series goes."""
+        for metric, target_s in (("ttft", sla.ttft_ms / 1e3), ("itl", sla.itl_ms / 1e3)):
+            # The `le` text prometheus_client writes for that bound in the frontend's histograms.
+            le = floatToGoString(contract.latency_bucket(target_s))  # type: ignore[no-untyped-call]
+            before = self._sla_buckets.get((namespace, name, metric))
+            if before is not None and before != le:
+                SLA_TARGET.remove(namespace, name, metric, before)
+            self._sla_buckets[(namespace, name, metric)] = le
+            SLA_TARGET.labels(namespace, name, metric, le).set(target_s)
+        SLA_OBJECTIVE.labels(namespace, name).set(sla.percentile / 100)
+
     def _export(self, namespace: str, name: str, plan: core.Plan, config: core.GraphPlanConfig) -> None:
         HOLDING.labels(namespace, name).set(0 if plan.data_ok else 1)
         GPUS.labels(namespace, name).set(sum(n * config.gpus_per_replica[p] for p, n in plan.replicas.items()))
@@ -537,8 +562,7 @@ class LivePlanner:
             FORECAST_ERROR.labels(namespace, name).set(plan.forecast_error)
         for pool, replicas in plan.replicas.items():
             DESIRED.labels(namespace, name, pool).set(replicas)
-        SLA_TARGET.labels(namespace, name, "ttft").set(config.sla.ttft_ms / 1e3)
-        SLA_TARGET.labels(namespace, name, "itl").set(config.sla.itl_ms / 1e3)
+        self._export_sla(namespace, name, config.sla)
         for pool, why in plan.binding.items():
             _set_binding(namespace, name, pool, why)
         CORRECTION.labels(namespace, name, "prefill").set(plan.corrections.prefill)

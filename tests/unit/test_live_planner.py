@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from fleetpilot.frontend import metrics as frontend_metrics
 from fleetpilot.planner import budget, live
 
 
@@ -284,6 +285,30 @@ def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quanti
     # 9 to 12, both steps of the first three and the first step of the last.
     assert core.SCORED_FROM_INTERVALS == 10
     assert len(memory.forecast_calibration["requests"].hits[0.5]) == 7
+
+
+def test_the_planner_exports_each_graphs_sla_with_the_bucket_the_alerts_count_by() -> None:
+    """The SLA gauges carry the frontend bucket bound nearest each target (`le`, the frontend's own label
+    value), which the alert rules join on; a changed target's old bound goes, so no graph has two."""
+    from prometheus_client import REGISTRY
+
+    from fleetpilot.api import v1alpha1 as api
+
+    planner = live.LivePlanner(None, None)  # type: ignore[arg-type]
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"namespace": "ns", "graph": "sla", **labels})
+
+    planner._export_sla("ns", "sla", api.SlaTarget(ttft_ms=1000, itl_ms=65, percentile=95))
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.942311") == 1.0
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="itl", le="0.066212") == 0.065
+    assert sample("fleetpilot_planner_sla_objective_ratio") == 0.95
+    assert {0.942311, 0.066212} <= set(frontend_metrics.LATENCY_BUCKETS)  # the frontend's own bounds
+
+    planner._export_sla("ns", "sla", api.SlaTarget(ttft_ms=500, itl_ms=65, percentile=90))
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.942311") is None
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.468495") == 0.5
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="itl", le="0.066212") == 0.065
 
 
 # -- scale to zero and back, and the hold during a rollout ----------------------------------------------------
