@@ -76,6 +76,12 @@ class ClosedLoop:
     fast_path_s: int = 5  # spec.planner.fastPathSeconds; 0: the interval's forecast alone
     window_s: float | None = None  # the trace's and the timeline's step; None: one planning interval
     nodes: int = 1  # pods per worker replica: > 1 runs each as a group, TP over one GPU per pod
+    # spec.planner.gpuBudget: above what the bounds allow (6 + 4), so it never binds; it puts the planner's
+    # GPU gauges (used, wanted, budget) on the dashboards and under the budget alert with live data.
+    gpu_budget: int = 12
+    # The engine runs this many times slower than the profile the planner is given says (1: as profiled).
+    engine_slowdown: float = 1.0
+    auto_correct: bool | None = None  # spec.planner.profile.autoCorrect; None: the API's default
 
     @property
     def step_s(self) -> float:
@@ -113,7 +119,8 @@ class ClosedLoop:
     # -- objects -------------------------------------------------------------------------------------------
 
     def graph_manifest(self, *, mode: str = "sla") -> dict[str, Any]:
-        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu, "--speedup", f"{self.speedup:g}"]
+        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu,
+                       "--speedup", f"{self.speedup / self.engine_slowdown:g}"]
         components: dict[str, Any] = {"frontend": {"replicas": 1, "router": {"policy": "least-loaded"}}}
         for name, low, high in self.bounds:
             components[name] = {"replicas": low, "gpus": 1, "scaling": {"min": low, "max": high}}
@@ -131,9 +138,11 @@ class ClosedLoop:
                 # risk 0.5: a 4-minute run is 24 ten-second intervals; after its 8× ramp the calibrated
                 # 0.9-quantile stays wide for longer than the run (docs/decisions.md, "One risk knob").
                 "planner": {"mode": mode, "predictor": "constant", "intervalSeconds": self.interval_s,
+                            "gpuBudget": self.gpu_budget,
                             "risk": self.risk, "fastPathSeconds": self.fast_path_s,
                             "sla": {"ttftMs": self.ttft_ms, "itlMs": self.itl_ms, "percentile": self.percentile},
-                            "profileRef": {"configMap": f"{self.graph}-profile"}},
+                            "profileRef": {"configMap": f"{self.graph}-profile"},
+                            **({"profile": {"autoCorrect": self.auto_correct}} if self.auto_correct is not None else {})},
             },
         }
 

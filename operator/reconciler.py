@@ -510,7 +510,7 @@ class GraphReconciler:
             new_doc.pop("components", None)
         old_doc = body.get("status") or {}
         ours = {k: old_doc.get(k) for k in new_doc}
-        ours["conditions"] = [c for c in old_doc.get("conditions", []) if c.get("type") in ("Ready", "Progressing", "Degraded")]
+        ours["conditions"] = [c for c in old_doc.get("conditions", []) if c.get("type") in status.OPERATOR_CONDITIONS]
         if ours != new_doc:
             self.cache.remember(await self.kube.apply({
                 "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,

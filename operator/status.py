@@ -3,7 +3,9 @@
 The last step of a reconcile, and pure: the Deployments, Pods and (when something cannot be
 scheduled) the Nodes and their pods in, the status block and its conditions out. Conditions follow
 the Kubernetes API conventions: Ready, Progressing and Degraded, each with a reason a machine can
-match and a message a person can act on.
+match and a message a person can act on. Reconciling and Stalled, derived from those, are the
+abnormal-true pair kstatus (Flux, kpt, cli-utils) reads, so GitOps tools judge a graph's health
+without knowing the kind (`kstatus_conditions`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from fleetpilot.api import v1alpha1 as api
 
 Manifest = dict[str, Any]
 GPU = "nvidia.com/gpu"
+# Every condition type the operator writes (the planner writes PlannerActive with its own field manager).
+OPERATOR_CONDITIONS = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled")
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,30 @@ def conditions(observation: Observation) -> list[api.Condition]:
     return [ready, progressing, degraded]
 
 
+def kstatus_conditions(current: list[api.Condition], generation: int) -> list[api.Condition]:
+    """Reconciling and Stalled from Progressing and Degraded: kstatus' abnormal-true conditions.
+
+    kstatus (sigs.k8s.io/cli-utils) reads a custom resource, once `observedGeneration` caught up, as
+    InProgress while `Reconciling` is True and Failed while `Stalled` is True; only failing both does
+    it fall back to Ready, where False is InProgress: it cannot tell stuck from rolling out. So
+    Stalled is True while the graph is Degraded (waiting will not fix it: no GPUs, a name conflict,
+    bounds, a failing reconcile), else Reconciling while it rolls out; never both. They carry the
+    reason and message of the condition they mirror.
+    """
+    by_type = {c.type: c for c in current}
+    degraded, progressing = by_type.get("Degraded"), by_type.get("Progressing")
+    stalled = degraded is not None and degraded.status == "True"
+    reconciling = not stalled and progressing is not None and progressing.status == "True"
+
+    def mirror(type_: str, on: bool, source: api.Condition | None, quiet_reason: str) -> api.Condition:
+        if on and source is not None:
+            return _condition(type_, True, source.reason, source.message, generation)
+        return _condition(type_, False, quiet_reason, "", generation)
+
+    return [mirror("Reconciling", reconciling, progressing, "Reconciled"),
+            mirror("Stalled", stalled, degraded, "AsExpected")]
+
+
 def merge_transition_times(
     new: list[api.Condition], previous: list[api.Condition], now: str
 ) -> list[api.Condition]:
@@ -201,9 +229,11 @@ def merge_transition_times(
 def graph_status(
     observation: Observation, *, previous: api.DynamoGraphStatus, endpoint: str | None, now: str
 ) -> api.DynamoGraphStatus:
+    current = conditions(observation)
+    current += kstatus_conditions(current, observation.generation)
     return api.DynamoGraphStatus(
         observed_generation=observation.generation,
-        conditions=merge_transition_times(conditions(observation), previous.conditions, now),
+        conditions=merge_transition_times(current, previous.conditions, now),
         components={c.name: component_status(c) for c in observation.components},
         endpoint=endpoint,
         rollout=observation.rollout,

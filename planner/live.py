@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.utils import floatToGoString
 
 from fleetpilot import informer, perfmodel, scrape
 from fleetpilot import kube as kube_mod
@@ -32,6 +33,7 @@ from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import capacity as capacities
 from fleetpilot.planner import core, frontends, reactive, sizing, zero
+from fleetpilot.planner import drift as drifts
 from fleetpilot.planner import observe as observe_mod
 from fleetpilot.planner.observe import PrometheusObserver
 
@@ -70,8 +72,13 @@ WANTED_GPUS = Gauge("fleetpilot_planner_wanted_gpus", "GPUs the decision would u
                     ["namespace", "graph"])
 GPU_BUDGET = Gauge("fleetpilot_planner_gpu_budget", "GPU cap applied this interval (own gpuBudget or budget share).",
                    ["namespace", "graph"])
-SLA_TARGET = Gauge("fleetpilot_planner_sla_target_seconds", "The graph's SLA targets the planner plans for.",
-                   ["namespace", "graph", "metric"])
+SLA_TARGET = Gauge("fleetpilot_planner_sla_target_seconds",
+                   "The graph's SLA targets the planner plans for (metric ttft or itl), with `le` the frontend's "
+                   "histogram bucket bound that resolves the target: the alert rules count the requests in it as met.",
+                   ["namespace", "graph", "metric", "le"])
+SLA_OBJECTIVE = Gauge("fleetpilot_planner_sla_objective_ratio",
+                      "The share of requests the SLA asks to meet its targets (spec.planner.sla.percentile / 100).",
+                      ["namespace", "graph"])
 BINDING = Gauge("fleetpilot_planner_binding",
                 "1 for what set each component's replicas at the last decision (forecast, bounds, hold, step-limit, "
                 "budget, no-data, fast-path, idle: scaled to zero), 0 for the others.", ["namespace", "graph", "component", "reason"])
@@ -85,10 +92,24 @@ FAST_PATH_READS = Counter("fleetpilot_planner_fast_path_reads_total",
                           "Fast-path readings of a graph's queues, by where they came from: the frontends "
                           "asked directly, or Prometheus when a frontend did not answer.", ["source"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
+# Every reason exists from the start at 0: an alert or panel on an error rate then reads a zero, not an
+# absent series (which a renamed label would look like too).
+for _reason in ("kubernetes", "profile", "no-data"):
+    ERRORS.labels(_reason)
+for _source in ("frontend", "prometheus"):
+    FAST_PATH_READS.labels(_source)
 LEADER = Gauge("fleetpilot_planner_leader",
                 "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
+PROFILE_DRIFT = Gauge("fleetpilot_planner_profile_drift",
+                      "1 while the graph's measured TTFT or ITL differs from its profile's beyond the threshold "
+                      "(the ProfileDrift condition), 0 while within it.", ["namespace", "graph"])
+PROFILE_DRIFT_RATIO = Gauge("fleetpilot_planner_profile_drift_ratio",
+                            "Measured over profile-predicted latency at the observed load (median of the recent "
+                            "intervals), per metric (ttft, itl).", ["namespace", "graph", "metric"])
 PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Time to plan one graph once.",
                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
+PROFILE_DRIFT_CONDITION = "ProfileDrift"
 
 # How far back a planner that starts (or becomes leader) reads a graph's load from Prometheus: a week,
 # within what any predictor looks at (core.HISTORY_LIMIT) and what one range query returns (11,000).
@@ -173,6 +194,7 @@ class LivePlanner:
         self.startup_s = startup_s
         self.hold_s = hold_s
         self.memory: dict[tuple[str, str], core.GraphMemory] = {}
+        self._sla_buckets: dict[tuple[str, str, str], str] = {}  # (namespace, graph, metric) -> le exported
         self.next_due: dict[tuple[str, str], float] = {}
         # The fast path between intervals: per graph, what its last plan was made with and decided
         # (the floor it never goes below), and when it next looks at the engines' queues.
@@ -407,7 +429,7 @@ class LivePlanner:
             if holding_for_rollout:
                 verb = "advising until the rollout completes (replicas untouched)"
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}",
-                               learned=core.learned(self.memory[key]))
+                               learned=core.learned(self.memory[key]), profile=capacity.profile.source)
         return plan
 
     async def wake_or_sleep(self, body: dict[str, Any]) -> dict[str, int]:
@@ -517,6 +539,18 @@ class LivePlanner:
             self._http = httpx.AsyncClient()
         return await frontends.read_gauges(self._http, urls)
 
+    def _export_sla(self, namespace: str, name: str, sla: api.SlaTarget) -> None:
+        """The SLA as the alert rules and dashboards join it; a changed target's old bucket series goes."""
+        for metric, target_s in (("ttft", sla.ttft_ms / 1e3), ("itl", sla.itl_ms / 1e3)):
+            # The `le` text prometheus_client writes for that bound in the frontend's histograms.
+            le = floatToGoString(contract.latency_bucket(target_s))  # type: ignore[no-untyped-call]
+            before = self._sla_buckets.get((namespace, name, metric))
+            if before is not None and before != le:
+                SLA_TARGET.remove(namespace, name, metric, before)
+            self._sla_buckets[(namespace, name, metric)] = le
+            SLA_TARGET.labels(namespace, name, metric, le).set(target_s)
+        SLA_OBJECTIVE.labels(namespace, name).set(sla.percentile / 100)
+
     def _export(self, namespace: str, name: str, plan: core.Plan, config: core.GraphPlanConfig) -> None:
         HOLDING.labels(namespace, name).set(0 if plan.data_ok else 1)
         GPUS.labels(namespace, name).set(sum(n * config.gpus_per_replica[p] for p, n in plan.replicas.items()))
@@ -532,8 +566,7 @@ class LivePlanner:
             FORECAST_ERROR.labels(namespace, name).set(plan.forecast_error)
         for pool, replicas in plan.replicas.items():
             DESIRED.labels(namespace, name, pool).set(replicas)
-        SLA_TARGET.labels(namespace, name, "ttft").set(config.sla.ttft_ms / 1e3)
-        SLA_TARGET.labels(namespace, name, "itl").set(config.sla.itl_ms / 1e3)
+        self._export_sla(namespace, name, config.sla)
         for pool, why in plan.binding.items():
             _set_binding(namespace, name, pool, why)
         CORRECTION.labels(namespace, name, "prefill").set(plan.corrections.prefill)
@@ -549,15 +582,18 @@ class LivePlanner:
                 FORECAST_COVERAGE.labels(namespace, name, load, f"{level:g}").set(share)
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
-                      message: str, learned: dict[str, float] | None = None) -> None:
+                      message: str, learned: dict[str, float] | None = None, profile: str | None = None) -> None:
         conditions = body.get("status", {}).get("conditions", [])
         previous = contract.find_condition(conditions, "PlannerActive") or {}
         block: dict[str, Any] = {"lastDecisionTime": contract.now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
                                  "reason": message[:1024]}
+        known = (body.get("status") or {}).get("planner") or {}
         if learned:
             block["learned"] = learned
-        elif "learned" in ((body.get("status") or {}).get("planner") or {}):
-            block["learned"] = body["status"]["planner"]["learned"]  # holding: keep what is known
+        elif "learned" in known:
+            block["learned"] = known["learned"]  # holding: keep what is known
+        if profile or known.get("profile"):
+            block["profile"] = (profile or known["profile"])[:512]  # which profile the graph is sized from
         if plan is not None:
             block["replicas"] = dict(plan.replicas)
             block["binding"] = dict(plan.binding)
@@ -571,17 +607,38 @@ class LivePlanner:
                                       "isl": round(plan.predicted.isl), "osl": round(plan.predicted.osl),
                                       "predictor": plan.predictor,
                                       "risk": body["spec"]["planner"].get("risk", core.DEFAULT_RISK)}
+        generation = body["metadata"].get("generation", 0)
+        drifting = self._drift_condition(body, plan.drift if plan is not None else None, generation)
         await self.kube.apply({
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": body["metadata"]["name"], "namespace": body["metadata"]["namespace"]},
             "status": {
                 "planner": block,
                 "conditions": [contract.condition("PlannerActive", active, reason, message, previous=conditions,
-                                                  generation=body["metadata"].get("generation", 0))],
+                                                  generation=generation), *drifting],
             },
         }, subresource="status")
         if previous.get("reason") != reason:
             await self._event(body, reason, message, warning=not active)
+        was = contract.find_condition(conditions, PROFILE_DRIFT_CONDITION) or {}
+        if drifting and drifting[0]["status"] == "True" and was.get("status") != "True":
+            await self._event(body, PROFILE_DRIFT_CONDITION, drifting[0]["message"], warning=True)
+
+    def _drift_condition(self, body: dict[str, Any], verdict: drifts.Verdict | None,
+                         generation: int) -> list[dict[str, Any]]:
+        """The ProfileDrift condition for this report: from the verdict, else (holding) the one the graph has,
+        which the planner, applying status server-side, must send again to keep."""
+        conditions = body.get("status", {}).get("conditions", [])
+        if verdict is None:
+            kept = contract.find_condition(conditions, PROFILE_DRIFT_CONDITION)
+            return [dict(kept)] if kept else []
+        meta = body["metadata"]
+        PROFILE_DRIFT.labels(meta["namespace"], meta["name"]).set(1 if verdict.drifted else 0)
+        for figure in verdict.figures:
+            PROFILE_DRIFT_RATIO.labels(meta["namespace"], meta["name"], figure.metric).set(figure.ratio)
+        status = "Unknown" if verdict.drifted is None else verdict.drifted
+        return [contract.condition(PROFILE_DRIFT_CONDITION, status, verdict.reason, verdict.message,
+                                   previous=conditions, generation=generation)]
 
     async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         try:

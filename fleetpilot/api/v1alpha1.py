@@ -280,6 +280,39 @@ class ProfileRef(ApiModel):
     key: str = Field(default="profile.json", min_length=1)
 
 
+class ProfileSettings(ApiModel):
+    """How the planner holds the capacity profile against the running fleet."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            ("!has(self.driftThreshold) || (self.driftThreshold >= 0.05 && self.driftThreshold <= 1.0)",
+             ("planner.profile.driftThreshold must lie from 0.05 to 1.0: the share by which measured TTFT or ITL may "
+             "differ from the profile's before ProfileDrift is set, e.g. 0.2")),
+        )
+    )
+
+    auto_correct: bool = Field(
+        default=True,
+        description=("Size with the speed factors and latency offsets the planner learns from the fleet (bounded; "
+                     "exported as fleetpilot_planner_correction_factor and _latency_offset_seconds). false: size "
+                     "from the profile as written; drift is still measured and reported."),
+    )
+    drift_threshold: float = Field(
+        default=0.2,
+        description=("How far measured TTFT or ITL may differ from what the profile predicts at the observed load "
+                     "(a share: 0.2 is 20%), sustained over the planner's calibration window, before the graph's "
+                     "ProfileDrift condition turns True."),
+    )
+
+    @field_validator("drift_threshold")
+    @classmethod
+    def _threshold_in_range(cls, threshold: float) -> float:
+        if not 0.05 <= threshold <= 1.0:
+            raise ValueError("planner.profile.driftThreshold must lie from 0.05 to 1.0: the share by which measured "
+                             "TTFT or ITL may differ from the profile's before ProfileDrift is set, e.g. 0.2")
+        return threshold
+
+
 class PlannerSpec(ApiModel):
     """How the SLA planner treats this graph."""
 
@@ -333,6 +366,8 @@ class PlannerSpec(ApiModel):
                      "whose scaling.min is 0 to no replica; the frontend stays, holds the next request and wakes "
                      "the planner, which starts them again."),
     )
+    profile: ProfileSettings | None = Field(
+        default=None, description="How the planner treats the profile's drift from the fleet (defaults when absent).")
 
 
 class RolloutSpec(ApiModel):

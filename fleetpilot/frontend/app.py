@@ -176,6 +176,8 @@ class Frontend:
         self.metrics = metrics or FrontendMetrics()
         for phase in PHASES:  # every phase exported from the start, at 0: "none waiting" is a reading too
             self.metrics.in_phase.labels(model, phase)
+        for status in ("ok", "error", "cancelled"):  # so is every outcome: an error ratio of 0 is a reading
+            self.metrics.requests.labels(model, status)
         self.retries = retries
         self.request_timeout = request_timeout
         self.max_model_len = max_model_len  # the flag's, else learned from the first worker that counts a prompt

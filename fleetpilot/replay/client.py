@@ -89,17 +89,16 @@ def base_url(url: str) -> str:
     return url.removesuffix("/v1")
 
 
-def request_body(request: traces.Request, *, model: str, prompt: str, stream: bool) -> dict[str, Any]:
-    """The completion request for one trace request: exactly `output_tokens` tokens back."""
+def request_body(request: traces.Request, *, model: str, prompt: str, stream: bool,
+                 length_extensions: bool = True) -> dict[str, Any]:
+    """The completion request for one trace request: exactly `output_tokens` tokens back, through vLLM's
+    `min_tokens` and `ignore_eos` (`length_extensions`; a server that refuses unknown fields gets neither,
+    and its outputs may then end early at an end-of-sequence token)."""
     tokens = max(request.output_tokens, 1)
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "min_tokens": tokens,
-        "ignore_eos": True,
-        "stream": stream,
-    }
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": tokens}
+    if length_extensions:
+        body |= {"min_tokens": tokens, "ignore_eos": True}
+    body["stream"] = stream
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -173,8 +172,11 @@ async def _stream(
                 result.token_times_s.append(now - sent)
             result.finish_reason = _finish_reason(chunk) or result.finish_reason
             usage_tokens = _completion_tokens(chunk) or usage_tokens
-    result.output_tokens = len(result.token_times_s)
-    raise _Failed("bad stream: it ended without `data: [DONE]`")
+    result.output_tokens = usage_tokens if usage_tokens is not None else len(result.token_times_s)
+    if result.finish_reason is None:
+        raise _Failed("bad stream: it ended without `data: [DONE]` or a finish_reason")
+    # Closed cleanly after the chunk that says why the answer ended, without OpenAI's `data: [DONE]`:
+    # complete (Hugging Face's `transformers serve` ends its completion streams so).
 
 
 async def _complete(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], result: Result) -> None:
@@ -256,6 +258,7 @@ async def replay(
     prompt_seed: int = 0,
     on_result: Callable[[Result], None] | None = None,
     client: httpx.AsyncClient | None = None,
+    length_extensions: bool = True,
 ) -> list[Result]:
     """Send `requests` open loop to the frontend at `url`; one `Result` per request, in trace order.
 
@@ -264,6 +267,7 @@ async def replay(
     progress bar, or to keep partial results). Cancelling the call cancels every request in flight:
     they are reported to `on_result` as `cancelled`, and the cancellation propagates.
     `max_connections` is the client's pool; a request waiting for a connection counts as late.
+    `length_extensions`: send vLLM's `min_tokens` and `ignore_eos` (`request_body`).
     """
     endpoint = base_url(url) + "/v1/completions"
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -285,7 +289,8 @@ async def replay(
         for request, result in zip(requests, results, strict=True):
             # the prompt (up to a few ms for a long one) is built before the wait, not at the arrival
             prompt = prompts.build_prompt(request, salt=result.index, seed=prompt_seed)
-            body = request_body(request, model=model, prompt=prompt, stream=stream)
+            body = request_body(request, model=model, prompt=prompt, stream=stream,
+                                length_extensions=length_extensions)
             delay = origin + request.arrival_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)

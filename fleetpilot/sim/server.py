@@ -546,7 +546,8 @@ def create_app(
     """The ASGI app for one simulated worker; its lifespan starts and stops the engine loop. With a
     `group` (a multinode replica's leader, built with `leader_group`), the engine runs only while
     every rank is joined, so /health is 503 until the group forms and once it breaks."""
-    metrics = metrics_mod.SimMetrics(model_name=config.served_model, snapshot=sim.snapshot, registry=registry)
+    metrics = metrics_mod.SimMetrics(model_name=config.served_model, snapshot=sim.snapshot, registry=registry,
+                                     block_size=sim.scheduler.config.block_size)
     sim.add_finish_listener(metrics.observe)
     service = _Service(config, sim, metrics, group)
     get, post = ["GET"], ["POST"]

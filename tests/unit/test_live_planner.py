@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from fleetpilot.frontend import metrics as frontend_metrics
 from fleetpilot.planner import budget, live
 
 
@@ -286,6 +287,30 @@ def test_the_planner_exports_its_risk_and_the_coverage_of_each_calibrated_quanti
     assert len(memory.forecast_calibration["requests"].hits[0.5]) == 7
 
 
+def test_the_planner_exports_each_graphs_sla_with_the_bucket_the_alerts_count_by() -> None:
+    """The SLA gauges carry the frontend bucket bound nearest each target (`le`, the frontend's own label
+    value), which the alert rules join on; a changed target's old bound goes, so no graph has two."""
+    from prometheus_client import REGISTRY
+
+    from fleetpilot.api import v1alpha1 as api
+
+    planner = live.LivePlanner(None, None)  # type: ignore[arg-type]
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"namespace": "ns", "graph": "sla", **labels})
+
+    planner._export_sla("ns", "sla", api.SlaTarget(ttft_ms=1000, itl_ms=65, percentile=95))
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.942311") == 1.0
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="itl", le="0.066212") == 0.065
+    assert sample("fleetpilot_planner_sla_objective_ratio") == 0.95
+    assert {0.942311, 0.066212} <= set(frontend_metrics.LATENCY_BUCKETS)  # the frontend's own bounds
+
+    planner._export_sla("ns", "sla", api.SlaTarget(ttft_ms=500, itl_ms=65, percentile=90))
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.942311") is None
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.468495") == 0.5
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="itl", le="0.066212") == 0.065
+
+
 # -- scale to zero and back, and the hold during a rollout ----------------------------------------------------
 
 
@@ -350,3 +375,43 @@ def test_nothing_scales_to_zero_or_wakes_during_a_rollout(monkeypatch: Any) -> N
     planner, kube, body = zero_planner(monkeypatch, held=0, idle_s=900, replicas=2, rollout="Progressing")
     assert asyncio.run(planner.wake_or_sleep(body)) == {} and not kube.patches
     assert live.rolling_out(body) and not live.rolling_out({**body, "status": {"rollout": {"phase": "Stalled"}}})
+def test_the_profile_drift_condition_is_reported_kept_while_holding_and_announced_once() -> None:
+    """The planner applies status server-side: a condition it stops sending is removed. So a report without a
+    verdict (holding for lack of metrics) sends the ProfileDrift condition the graph already has; a change to
+    True is a Warning Event, an unchanged True is not."""
+    from fleetpilot.planner import core, drift
+
+    class Applied(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.applied: list[dict[str, Any]] = []
+            self.warnings: list[str] = []
+
+        async def apply(self, manifest: dict[str, Any], *, subresource: str) -> None:
+            self.applied.append(manifest)
+
+        async def event(self, body: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
+            await super().event(body, type_=type_, reason=reason, message=message)
+            if type_ == "Warning":
+                self.warnings.append(reason)
+
+    kube = Applied()
+    planner = live.LivePlanner(kube, None)  # type: ignore[arg-type]
+    body: dict[str, Any] = {"metadata": {"name": "g", "namespace": "ns", "generation": 2},
+                            "spec": {"planner": {"mode": "sla"}}, "status": {"conditions": []}}
+    slow = drift.judge([drift.Sample(itl_observed_s=0.026, itl_predicted_s=0.02)] * 6)
+    plan = core.Plan(replicas={}, reasons=[], data_ok=True, observed=core.Observation(time=0.0), drift=slow)
+
+    def conditions() -> dict[str, dict[str, Any]]:
+        return {c["type"]: c for c in kube.applied[-1]["status"]["conditions"]}
+
+    asyncio.run(planner._report(body, plan=plan, active=True, reason="Planning", message="m"))
+    drifted = conditions()["ProfileDrift"]
+    assert (drifted["status"], drifted["reason"]) == ("True", "Drifted") and "×1.30" in drifted["message"]
+    assert kube.warnings == ["ProfileDrift"]
+
+    body["status"]["conditions"] = list(conditions().values())
+    asyncio.run(planner._report(body, plan=None, active=False, reason="NoMetrics", message="holding"))
+    assert conditions()["ProfileDrift"] == drifted
+    asyncio.run(planner._report(body, plan=plan, active=True, reason="Planning", message="m"))
+    assert kube.warnings == ["ProfileDrift", "NoMetrics"]  # the drift was not announced again
