@@ -450,8 +450,10 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
                               headers={"Content-Type": "application/merge-patch+json"}).raise_for_status()
 
             def updated(graph: str = graph, replicas: int = replicas) -> bool:
-                deployment = client.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{graph}-prefill")
-                return int(deployment["spec"]["replicas"]) == replicas
+                # The prefill Deployment of the graph's (one) generation: <graph>-prefill-<generation>.
+                found = client.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments?labelSelector="
+                                       f"fleetpilot.dev/graph={graph},fleetpilot.dev/component=prefill")["items"]
+                return len(found) == 1 and int(found[0]["spec"]["replicas"]) == replicas
 
             wait(updated, timeout=120, interval=0.02, what=f"{graph}-prefill scaled to {replicas}")
             scale_times.append(time.monotonic() - start)

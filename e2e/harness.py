@@ -10,10 +10,11 @@ both use `Harness`). It starts, in order:
 2. the CRDs from `crds/`, and the operator's and planner's ServiceAccounts and RBAC — the Helm
    chart's own templates rendered by `helm template`, or `e2e/rbac.yaml` when they cannot be;
 3. the pod runner (`e2e/podrunner.py`), which runs those pods as local processes on 127.2.0.0/16 (`$FLEETPILOT_E2E_POD_NETWORK`);
-4. Debian's Prometheus, discovering pods from the apiserver with a ServiceAccount that may only
-   list and watch pods, relabelling the pods' fleetpilot labels into `graph`, `component`,
-   `namespace` and `pod`. Debian's build has no `kubernetes_sd_configs`, so `e2e/podsd.py` serves
-   the same `__meta_kubernetes_pod_*` targets over `http_sd_configs`;
+4. upstream Prometheus (scripts/install-prometheus.sh), discovering pods with `kubernetes_sd_configs`
+   (role pod) from the apiserver with a ServiceAccount that may only list and watch pods, relabelled
+   as the Prometheus Operator does for the chart's PodMonitor (`graph`, `component`, `namespace`,
+   `pod`), scraping the operator and the planner as the chart's ServiceMonitors do, and evaluating
+   the chart's own rules and alerts (charts/fleetpilot/rules/);
 5. `fleetpilot operator run` and `fleetpilot planner run`, each with its ServiceAccount's token.
 
 Every process is started with its own session and its PID saved under the state folder, so
@@ -51,6 +52,8 @@ SYSTEM_NAMESPACE = "fleetpilot-system"
 MONITORING_NAMESPACE = "monitoring"
 HELM = devcluster.CACHE / "bin" / "helm"
 SCRAPE_INTERVAL_S = 2
+#: The image the operator renders for simulator workers and frontends (render.RenderSettings).
+FLEETPILOT_IMAGE = "fleetpilot/fleetpilot:0.1.0"
 
 
 def wait_for(check: Callable[[], Any], *, timeout: float, what: str | Callable[[], str], interval: float = 0.5) -> Any:
@@ -145,17 +148,13 @@ class Harness:
         self.kubectl = Kubectl(devcluster.k8s_bin("kubectl"), self.config.kubeconfig)
         self.prometheus_port = self.config.port_base + 90
         self.prometheus_url = f"http://127.0.0.1:{self.prometheus_port}"
-        self.pod_sd_url = f"http://127.0.0.1:{self.config.port_base + 93}/targets"
         self.planner_args = planner_args or []
         self.identities: dict[str, tuple[str, str]] = {}  # operator/planner -> (namespace, service account)
         self.rbac_source = ""
+        self.started_unix = time.time()  # when up() began: Prometheus holds nothing older
         self.processes = {
-            "podsd": ManagedProcess("podsd", [
-                sys.executable, str(Path(__file__).parent / "podsd.py"),
-                "--kubeconfig", str(self.state / "credentials" / "prometheus.kubeconfig"),
-                "--listen", f"127.0.0.1:{self.config.port_base + 93}"], state=self.state),
             "prometheus": ManagedProcess("prometheus", [
-                shutil.which("prometheus") or "/usr/bin/prometheus",
+                str(devcluster.prometheus_bin()),
                 f"--config.file={self.state / 'prometheus' / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.state / 'prometheus' / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
@@ -175,6 +174,7 @@ class Harness:
             log(f"e2e: {name} in {timings[name]}s")
 
         self.down(quiet=True)
+        self.started_unix = time.time()
         shutil.rmtree(self.state, ignore_errors=True)
         for sub in ("logs", "pids", "prometheus", "credentials"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
@@ -209,7 +209,9 @@ class Harness:
 
     def _start_podrunner(self) -> None:
         argv = [sys.executable, str(Path(__file__).parent / "podrunner.py"), "--kubeconfig",
-                str(self.config.kubeconfig), "--state", str(self.state / "pods"), "--env", "OPENBLAS_NUM_THREADS=1"]
+                str(self.config.kubeconfig), "--state", str(self.state / "pods"), "--env", "OPENBLAS_NUM_THREADS=1",
+                # The node has fleetpilot's image only: another (a typo, a tag never pushed) cannot be pulled.
+                "--image", FLEETPILOT_IMAGE]
         self.processes["podrunner"] = ManagedProcess("podrunner", argv, state=self.state)
         self.processes["podrunner"].start()
 
@@ -253,12 +255,12 @@ class Harness:
     # -- prometheus --------------------------------------------------------------------------------------
 
     def start_prometheus(self) -> None:
-        """Prometheus and its pod discovery (Prometheus' own identity: list and watch pods)."""
+        """Prometheus, discovering pods as its own identity (list and watch pods, nothing else)."""
         folder = self.state / "prometheus"
-        if not self.processes["podsd"].alive():
-            self.token_kubeconfig(MONITORING_NAMESPACE, "prometheus", "prometheus")
-            self.processes["podsd"].start()
-        (folder / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(self.pod_sd_url)))
+        kubeconfig = self.token_kubeconfig(MONITORING_NAMESPACE, "prometheus", "prometheus")
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(
+            kubeconfig=kubeconfig, operator=f"127.0.0.1:{self.operator_metrics_port}",
+            planner=f"127.0.0.1:{self.planner_metrics_port}")))
         self.processes["prometheus"].start()
         wait_for(lambda: httpx.get(self.prometheus_url + "/-/ready", timeout=2).status_code == 200, timeout=60,
                  what=lambda: f"prometheus ready; log:\n{self.processes['prometheus'].log()}")
@@ -266,7 +268,26 @@ class Harness:
     def stop_prometheus(self) -> None:
         self.processes["prometheus"].stop()
 
+    def query(self, promql: str, *, start: float, end: float, step_s: float = 15.0) -> list[dict[str, Any]]:
+        """A PromQL range query against the e2e Prometheus: its series, as the HTTP API gives them."""
+        response = httpx.get(f"{self.prometheus_url}/api/v1/query_range", timeout=60,
+                             params={"query": promql, "start": start, "end": end, "step": step_s})
+        body = response.json()
+        if body.get("status") != "success":
+            raise AssertionError(f"Prometheus refused {promql!r}: {body.get('error')}")
+        series: list[dict[str, Any]] = body["data"]["result"]
+        return series
+
+    def pod_targets(self) -> list[dict[str, Any]]:
+        """Prometheus' active targets found by kubernetes_sd (its targets API): one per scraped pod."""
+        body = httpx.get(f"{self.prometheus_url}/api/v1/targets", params={"state": "active"}, timeout=10).json()
+        return [t for t in body["data"]["activeTargets"] if "__meta_kubernetes_pod_name" in t["discoveredLabels"]]
+
     # -- operator and planner ----------------------------------------------------------------------------
+
+    @property
+    def operator_metrics_port(self) -> int:
+        return self.config.port_base + 91
 
     @property
     def planner_metrics_port(self) -> int:
@@ -289,7 +310,7 @@ class Harness:
         namespace, account = self.identities["operator"]
         kubeconfig = self.token_kubeconfig(namespace, account, "operator")
         self.processes["operator"] = ManagedProcess("operator", [
-            str(FLEETPILOT), "operator", "run", "--metrics-port", str(self.config.port_base + 91)],
+            str(FLEETPILOT), "operator", "run", "--metrics-port", str(self.operator_metrics_port)],
             state=self.state, env={**self._child_env(kubeconfig), "FLEETPILOT_RESYNC_SECONDS": "30"})
         self.processes["operator"].start()
 
@@ -306,7 +327,7 @@ class Harness:
 
     def down(self, *, quiet: bool = False) -> None:
         """Stop every process by its saved PID (the pod runner kills its pods' processes), then the cluster."""
-        for name in ("planner", "operator", "prometheus", "podsd", "podrunner"):
+        for name in ("planner", "operator", "prometheus", "podrunner"):
             process = self.processes.get(name) or ManagedProcess(name, ["?"], state=self.state)
             process.stop()
             if not quiet:
@@ -343,34 +364,48 @@ def prometheus_rbac() -> list[dict[str, Any]]:
     ]
 
 
-def prometheus_config(pod_sd_url: str) -> dict[str, Any]:
-    """Pod discovery (kubernetes_sd's labels, through podsd.py); the fleetpilot pod labels become series labels."""
+RULES = REPO / "charts" / "fleetpilot" / "rules" / "fleetpilot.rules.yaml"
+
+
+def prometheus_config(*, kubeconfig: Path, operator: str, planner: str) -> dict[str, Any]:
+    """What the Prometheus Operator makes of the chart's PodMonitor, ServiceMonitors and PrometheusRule.
+
+    Pods: `kubernetes_sd_configs` (role pod) against the apiserver, kept when they carry
+    fleetpilot.dev/graph (the PodMonitor's selector) on their `http` port, with the PodMonitor's
+    relabelling (`graph`, `component`) after the Operator's own (`namespace`, `pod`, `container`,
+    `job`). The operator and planner run as local processes here, not behind a Service: static
+    targets with `honor_labels`, as their ServiceMonitors say, so the graph's `namespace` label stays.
+    """
 
     def copy(source: str, target: str) -> dict[str, Any]:
         return {"source_labels": [source], "target_label": target}
 
     interval = f"{SCRAPE_INTERVAL_S}s"
+    pods = {
+        "job_name": "podMonitor/fleetpilot-system/fleetpilot-graphs/0",
+        "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(kubeconfig)}],
+        "relabel_configs": [
+            # The PodMonitor's selector: fleetpilot.dev/graph exists; ...
+            {"source_labels": ["__meta_kubernetes_pod_labelpresent_fleetpilot_dev_graph"], "regex": "true",
+             "action": "keep"},
+            # ... its endpoint: the container port named `http` (frontend and engines serve /metrics there); ...
+            {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http", "action": "keep"},
+            # ... and, as the Operator adds, no finished pods.
+            {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"},
+            copy("__meta_kubernetes_namespace", "namespace"),
+            copy("__meta_kubernetes_pod_container_name", "container"),
+            copy("__meta_kubernetes_pod_name", "pod"),
+            {"target_label": "job", "replacement": "fleetpilot-system/fleetpilot-graphs"},
+            # The PodMonitor's own relabelings.
+            copy("__meta_kubernetes_pod_label_fleetpilot_dev_graph", "graph"),
+            copy("__meta_kubernetes_pod_label_fleetpilot_dev_component", "component"),
+        ],
+    }
+    components = [{"job_name": f"serviceMonitor/fleetpilot-system/fleetpilot-{name}/0", "honor_labels": True,
+                   "static_configs": [{"targets": [target], "labels": {"job": f"fleetpilot-{name}"}}]}
+                  for name, target in (("operator", operator), ("planner", planner))]
     return {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-        "scrape_configs": [{
-            "job_name": "fleetpilot-pods",
-            # What `kubernetes_sd_configs: [{role: pod}]` would give, from e2e/podsd.py.
-            "http_sd_configs": [{"url": pod_sd_url, "refresh_interval": interval}],
-            "relabel_configs": [
-                # Only the graphs' pods: both fleetpilot labels present, ...
-                {"source_labels": ["__meta_kubernetes_pod_labelpresent_fleetpilot_dev_graph",
-                                   "__meta_kubernetes_pod_labelpresent_fleetpilot_dev_component"],
-                 "regex": "true;true", "action": "keep"},
-                # ... one target per pod: its `http` port serves /metrics (frontend and engines alike), ...
-                {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http", "action": "keep"},
-                # ... and only once the pod has an IP.
-                {"source_labels": ["__meta_kubernetes_pod_ip"], "regex": ".+", "action": "keep"},
-                {"source_labels": ["__meta_kubernetes_pod_ip", "__meta_kubernetes_pod_container_port_number"],
-                 "separator": ":", "target_label": "__address__"},
-                copy("__meta_kubernetes_pod_label_fleetpilot_dev_graph", "graph"),
-                copy("__meta_kubernetes_pod_label_fleetpilot_dev_component", "component"),
-                copy("__meta_kubernetes_namespace", "namespace"),
-                copy("__meta_kubernetes_pod_name", "pod"),
-            ],
-        }],
+        "rule_files": [str(RULES)],
+        "scrape_configs": [pods, *components],
     }

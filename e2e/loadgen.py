@@ -21,15 +21,16 @@ from fleetpilot import traces
 from fleetpilot.replay import client, report
 
 
-def load_requests(trace: Path, *, model: str, isl: float, osl: float, sigma: float, seed: int) -> list[traces.Request]:
-    """The requests the scenario sends: the trace's rate series with lognormal lengths (the backtest
-    of the same run reads them from here too)."""
+def load_requests(trace: Path, *, model: str, isl: float, osl: float, sigma: float, seed: int,
+                  shape: traces.Shape | None = None) -> list[traces.Request]:
+    """The requests the scenario sends: a rate series' with lognormal lengths, or a request trace's own
+    (the backtest of the same run reads them from here too); `shape` cuts and scales the trace."""
     synthesis = traces.Synthesis(
         model=model,
         input_length=traces.LengthDistribution(mean=isl, sigma=sigma, maximum=8192),
         output_length=traces.LengthDistribution(mean=osl, sigma=sigma, maximum=2048),
     )
-    return traces.load(trace, shape=traces.Shape(seed=seed), synthesis=synthesis)
+    return traces.load(trace, shape=shape or traces.Shape(seed=seed), synthesis=synthesis)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,10 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sla", default="ttft=1000ms,itl=75ms")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--start", type=float, default=0.0, help="trace seconds to skip")
+    parser.add_argument("--duration", type=float, default=None, help="trace seconds to replay")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="keep this share of the requests (or copy)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="replay this many times faster")
     args = parser.parse_args(argv)
 
+    shape = traces.Shape(start_s=args.start, duration_s=args.duration, rate_factor=args.rate_scale,
+                         time_factor=args.time_scale, seed=args.seed)
     requests = load_requests(args.trace, model=args.trace_model, isl=args.isl, osl=args.osl,
-                             sigma=args.length_sigma, seed=args.seed)
+                             sigma=args.length_sigma, seed=args.seed, shape=shape)
     started_unix = time.time()
     results = asyncio.run(client.replay(requests, url=args.url, model=args.model, timeout_s=args.timeout))
     summary = report.summarise(results, report.parse_sla(args.sla))

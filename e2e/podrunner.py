@@ -14,7 +14,12 @@ bound to a simulated node the runner does what a kubelet would:
   `failureThreshold` times in a row; the startup probe gates readiness, the liveness probe restarts;
 - restarts a container that exits (restartPolicy Always), with a growing back-off;
 - on deletion runs the preStop hook (exec or httpGet), sends SIGTERM, waits up to the grace period,
-  sends SIGKILL, then removes the pod (`gracePeriodSeconds=0`).
+  sends SIGKILL, then removes the pod (`gracePeriodSeconds=0`);
+- with `--image` given, plays a node that can pull only those images: a pod asking for another stays
+  Pending with `ImagePullBackOff`, as a kubelet reports an image that does not exist;
+- plays cluster DNS for pods behind headless Services (a multinode group's ranks find their leader
+  by `<leader>.<service>.<namespace>.svc`): such a name in a command line or env becomes that pod's
+  IP, and a pod naming a peer that has none yet starts once it has.
 
 What the pod spec asks for (env, command line, ServiceAccount, probe ports) is read by the pure
 functions of `podspec.py`; this module is the adapter around them: the pod watch (fleetpilot's
@@ -106,7 +111,7 @@ class PodRunner:
     """Watches the owned pods and keeps one local process per pod."""
 
     def __init__(self, kubeconfig: Path, state: Path, *, bin_dirs: list[Path] | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None, images: set[str] | None = None) -> None:
         self.kubeconfig = kubeconfig
         self.state = state
         self.logs = state / "logs"
@@ -116,6 +121,7 @@ class PodRunner:
             folder.mkdir(parents=True, exist_ok=True)
         self.bin_dirs = bin_dirs or [Path(sys.executable).parent]
         self.extra_env = dict(extra_env or {})
+        self.images = images or set()  # the images this node can pull (empty: any)
         configuration = kube.load_configuration(str(kubeconfig))
         self.api = kube.KubeApi(configuration, field_manager=FIELD_MANAGER)
         self.server = str(configuration.host).rstrip("/")  # what the pods' kubeconfigs point at
@@ -124,6 +130,8 @@ class PodRunner:
         self.pods: dict[str, RunningPod] = {}
         self._used_ips: set[str] = set()
         self._next_ip = 1
+        # Pods whose command line names another pod (a group's leader) that has no IP yet, by uid.
+        self._awaiting_peer: dict[str, Manifest] = {}
         self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(3.0))
 
     # -- the watch -------------------------------------------------------------------------------------
@@ -134,11 +142,23 @@ class PodRunner:
         watch = informer.Informer(self.api, "Pod", labels={label: value}, on_event=self._on_event,
                                   max_pause_s=10.0)
         await watch.start()
+        retry = asyncio.create_task(self._start_awaiting(), name="start pods awaiting a peer")
         try:
             await stop.wait()
         finally:
+            retry.cancel()
+            await asyncio.gather(retry, return_exceptions=True)
             await watch.stop()
             await self.shutdown()
+
+    async def _start_awaiting(self) -> None:
+        """Start the pods that waited for a peer's address, once it has one (no event may come)."""
+        while True:
+            await asyncio.sleep(FIRST_PROBE_S)
+            for uid, pod in list(self._awaiting_peer.items()):
+                del self._awaiting_peer[uid]
+                if uid not in self.pods:
+                    await self._start(pod)
 
     async def _load_nodes(self) -> None:
         self.nodes = {}
@@ -150,6 +170,8 @@ class PodRunner:
     async def _on_event(self, kind: str, pod: Manifest) -> None:
         uid = pod["metadata"]["uid"]
         running = self.pods.get(uid)
+        if kind == "DELETED" or pod["metadata"].get("deletionTimestamp"):
+            self._awaiting_peer.pop(uid, None)
         if kind == "DELETED":
             if running is not None and not running.terminating:
                 await self._forget(running, why="deleted")  # forced: no graceful termination was asked
@@ -225,8 +247,23 @@ class PodRunner:
         container = pod["spec"]["containers"][0]
         if len(pod["spec"]["containers"]) > 1 or pod["spec"].get("initContainers"):
             logger.warning("%s/%s: only the first container runs", meta["namespace"], meta["name"])
+        image = container.get("image", "")
+        if self.images and image not in self.images:
+            self._used_ips.discard(ip)
+            await self._waiting(pod, "ImagePullBackOff", f'Back-off pulling image "{image}": not found')
+            return
         try:
             spec = podspec.process_spec(pod, pod_ip=ip, host_ip=node_ip)
+            peers = podspec.pod_dns_names(spec)
+            if peers:
+                addresses = self._pod_addresses(pod, ip)
+                if peers - set(addresses):
+                    # A peer (its group's leader) has no IP yet: start once it has, as the process would
+                    # retry the name until the cluster's DNS answered it.
+                    self._used_ips.discard(ip)
+                    self._awaiting_peer[meta["uid"]] = pod
+                    return
+                spec = podspec.resolve_pod_names(spec, addresses)
             folder = self.secrets / key
             folder.mkdir(parents=True, exist_ok=True)
             kubeconfig = await self._service_account_kubeconfig(pod, folder)
@@ -237,12 +274,7 @@ class PodRunner:
         except (ValueError, kube.ApiError) as error:
             logger.error("%s/%s cannot start: %s", meta["namespace"], meta["name"], error)
             self._used_ips.discard(ip)
-            await self._patch_status(pod, {"phase": "Pending", "conditions": self._conditions(pod, False, False),
-                                           "containerStatuses": [{
-                                               "name": container["name"], "image": container.get("image", ""),
-                                               "imageID": "", "ready": False, "restartCount": 0, "started": False,
-                                               "state": {"waiting": {"reason": "CreateContainerConfigError",
-                                                                     "message": str(error)[:500]}}}]})
+            await self._waiting(pod, "CreateContainerConfigError", str(error))
             return
         base = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"}
         env = podspec.process_env(spec, hostname=meta["name"], base=base, extra=self.extra_env,
@@ -252,6 +284,24 @@ class PodRunner:
         self.pods[running.uid] = running
         await self._spawn(running)
         running.tasks.append(asyncio.create_task(self._supervise(running), name=f"run {running.key}"))
+
+    def _pod_addresses(self, pod: Manifest, ip: str) -> dict[podspec.PodName, str]:
+        """The DNS names of the pods this runner runs (and of `pod` itself, about to get `ip`)."""
+        addresses = {key: r.ip for r in self.pods.values()
+                     if not r.terminating and (key := podspec.pod_dns_key(r.pod)) is not None}
+        own = podspec.pod_dns_key(pod)
+        if own is not None:
+            addresses[own] = ip
+        return addresses
+
+    async def _waiting(self, pod: Manifest, reason: str, message: str) -> None:
+        """A pod whose container cannot start: Pending, the container waiting for `reason`."""
+        container = pod["spec"]["containers"][0]
+        await self._patch_status(pod, {"phase": "Pending", "conditions": self._conditions(pod, False, False),
+                                       "containerStatuses": [{
+                                           "name": container["name"], "image": container.get("image", ""),
+                                           "imageID": "", "ready": False, "restartCount": 0, "started": False,
+                                           "state": {"waiting": {"reason": reason, "message": message[:500]}}}]})
 
     async def _spawn(self, running: RunningPod) -> None:
         with running.log_path.open("ab") as log:
@@ -525,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where container commands are found first (default: this Python's bin)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for every container (repeatable)")
+    parser.add_argument("--image", action="append", default=[],
+                        help="an image this node can pull (repeatable; none given: any image)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -536,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        runner = PodRunner(args.kubeconfig, args.state, bin_dirs=args.bin_dir or None, extra_env=extra)
+        runner = PodRunner(args.kubeconfig, args.state, bin_dirs=args.bin_dir or None, extra_env=extra,
+                           images=set(args.image))
         await runner.run(stop)
 
     asyncio.run(go())

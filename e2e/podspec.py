@@ -12,7 +12,11 @@ spawns it; everything it needs to read out of the pod spec for that is here:
   (`process_env`);
 - the ServiceAccount whose token it gets (`service_account`) and the kubeconfig that carries it
   (`kubeconfig`), since these local processes have no in-cluster token file;
-- the port a probe or an httpGet hook targets, by number or by the container port's name (`probe_port`).
+- the port a probe or an httpGet hook targets, by number or by the container port's name (`probe_port`);
+- cluster DNS for pods: a pod's own DNS name (`<hostname>.<subdomain>.<namespace>.svc`, what a
+  StatefulSet's pods get through a headless Service) in its command line or env, which a multinode
+  group's ranks use to reach their leader, is replaced by that pod's IP (`pod_dns_names`,
+  `resolve_pod_names`), as the cluster's DNS would answer: these processes have no cluster DNS.
 
 Errors a pod spec can cause are `ValueError`s; the runner reports them as the pod's
 `CreateContainerConfigError`.
@@ -34,6 +38,10 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _LABEL_OR_ANNOTATION = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+#: `<hostname>.<subdomain>.<namespace>.svc[.cluster.local]`: one pod behind a headless Service.
+_POD_DNS = re.compile(rf"\b({_DNS_LABEL})\.({_DNS_LABEL})\.({_DNS_LABEL})\.svc(?:\.cluster\.local)?\b")
+PodName = tuple[str, str, str]  # (hostname, subdomain, namespace)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,3 +169,27 @@ def probe_port(probe: Manifest, container: Manifest) -> int:
         if declared.get("name") == port:
             return int(declared["containerPort"])
     raise ValueError(f"probe port {port!r} is not a declared container port")
+
+
+def pod_dns_key(pod: Manifest) -> PodName | None:
+    """The DNS name a pod answers to, as (hostname, subdomain, namespace), or None without a subdomain."""
+    spec, meta = pod.get("spec", {}), pod["metadata"]
+    if not spec.get("subdomain"):
+        return None
+    return (str(spec.get("hostname") or meta["name"]), str(spec["subdomain"]), str(meta["namespace"]))
+
+
+def pod_dns_names(spec: ProcessSpec) -> set[PodName]:
+    """The pods' DNS names a process spec refers to (its arguments and env values)."""
+    texts = [*spec.args, *spec.env.values()]
+    return {(m.group(1), m.group(2), m.group(3)) for text in texts for m in _POD_DNS.finditer(text)}
+
+
+def resolve_pod_names(spec: ProcessSpec, addresses: Mapping[PodName, str]) -> ProcessSpec:
+    """The spec with every pod DNS name in `addresses` replaced by its IP; unknown names stay."""
+
+    def one(match: re.Match[str]) -> str:
+        return addresses.get((match.group(1), match.group(2), match.group(3)), match.group(0))
+
+    return ProcessSpec(program=spec.program, args=tuple(_POD_DNS.sub(one, a) for a in spec.args),
+                       env={k: _POD_DNS.sub(one, v) for k, v in spec.env.items()})

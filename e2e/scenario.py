@@ -75,6 +75,13 @@ class ClosedLoop:
     risk: float = 0.5
     fast_path_s: int = 5  # spec.planner.fastPathSeconds; 0: the interval's forecast alone
     window_s: float | None = None  # the trace's and the timeline's step; None: one planning interval
+    nodes: int = 1  # pods per worker replica: > 1 runs each as a group, TP over one GPU per pod
+    # spec.planner.gpuBudget: above what the bounds allow (6 + 4), so it never binds; it puts the planner's
+    # GPU gauges (used, wanted, budget) on the dashboards and under the budget alert with live data.
+    gpu_budget: int = 12
+    # The engine runs this many times slower than the profile the planner is given says (1: as profiled).
+    engine_slowdown: float = 1.0
+    auto_correct: bool | None = None  # spec.planner.profile.autoCorrect; None: the API's default
 
     @property
     def step_s(self) -> float:
@@ -112,12 +119,15 @@ class ClosedLoop:
     # -- objects -------------------------------------------------------------------------------------------
 
     def graph_manifest(self, *, mode: str = "sla") -> dict[str, Any]:
-        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu, "--speedup", f"{self.speedup:g}"]
+        worker_args = ["--model-preset", self.preset, "--gpu", self.gpu,
+                       "--speedup", f"{self.speedup / self.engine_slowdown:g}"]
         components: dict[str, Any] = {"frontend": {"replicas": 1, "router": {"policy": "least-loaded"}}}
         for name, low, high in self.bounds:
             components[name] = {"replicas": low, "gpus": 1, "scaling": {"min": low, "max": high}}
+            if self.nodes > 1:  # a group of one-GPU pods, tensor-parallel across them
+                components[name].update(nodes=self.nodes, parallelism={"tensor": self.nodes})
         # A decode pod drains its streams on SIGTERM; give it longer than the longest generation.
-        components["decode"]["args"] = ["--shutdown-timeout", "110"]
+        components["decode"]["drainSeconds"] = 110
         return {
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": self.graph, "namespace": self.namespace},
@@ -128,14 +138,16 @@ class ClosedLoop:
                 # risk 0.5: a 4-minute run is 24 ten-second intervals; after its 8× ramp the calibrated
                 # 0.9-quantile stays wide for longer than the run (docs/decisions.md, "One risk knob").
                 "planner": {"mode": mode, "predictor": "constant", "intervalSeconds": self.interval_s,
+                            "gpuBudget": self.gpu_budget,
                             "risk": self.risk, "fastPathSeconds": self.fast_path_s,
                             "sla": {"ttftMs": self.ttft_ms, "itlMs": self.itl_ms, "percentile": self.percentile},
-                            "profileRef": {"configMap": f"{self.graph}-profile"}},
+                            "profileRef": {"configMap": f"{self.graph}-profile"},
+                            **({"profile": {"autoCorrect": self.auto_correct}} if self.auto_correct is not None else {})},
             },
         }
 
     def profile(self) -> profiles.Profile:
-        return scaled_profile(self.preset, self.gpu, self.speedup)
+        return scaled_profile(self.preset, self.gpu, self.speedup, tensor_parallel=self.nodes, nodes=self.nodes)
 
     def profile_config_map(self) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -173,13 +185,16 @@ class ClosedLoop:
         return None
 
 
-def scaled_profile(preset: str, gpu: str, speedup: float) -> profiles.Profile:
-    """The performance model's profile of (preset, gpu), for an engine running `speedup` × real time.
+def scaled_profile(preset: str, gpu: str, speedup: float, *, tensor_parallel: int = 1, nodes: int = 1
+                   ) -> profiles.Profile:
+    """The performance model's profile of (preset, gpu) (a replica of `tensor_parallel` GPUs over
+    `nodes` nodes), for an engine running `speedup` × real time.
 
     The same grid as the planner's built-in simulator profile; every duration is divided by the
     speedup and every throughput multiplied by it, since that is what the wall clock sees.
     """
-    model = perfmodel.PerformanceModel(perfmodel.MODELS[preset], perfmodel.GPUS[gpu])
+    model = perfmodel.PerformanceModel(perfmodel.MODELS[preset], perfmodel.GPUS[gpu], tensor_parallel=tensor_parallel,
+                                       nodes=nodes)
     base = profiles.from_performance_model(
         model, isls=[128, 512, 1024, 2048, 4096, 8192, 16384], contexts=[512, 1024, 2048, 4096, 8192, 16384],
         concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")
@@ -205,13 +220,18 @@ def write_trace(scenario: ClosedLoop, path: Path) -> Path:
 # -- the timeline -------------------------------------------------------------------------------------------
 
 
+def admin_http(server: str, pki: Path) -> httpx.Client:
+    """An HTTP client to the apiserver as the cluster's admin (faster than kubectl for sampling)."""
+    tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return httpx.Client(base_url=server, verify=tls, timeout=5.0)
+
+
 class Sampler:
     """Samples the graph's components and planner status every `every_s` in a thread (admin identity)."""
 
     def __init__(self, *, server: str, pki: Path, scenario: ClosedLoop, every_s: float = 2.0) -> None:
-        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        self.http = httpx.Client(base_url=server, verify=tls, timeout=5.0)
+        self.http = admin_http(server, pki)
         self.scenario = scenario
         self.every_s = every_s
         self.samples: list[dict[str, Any]] = []

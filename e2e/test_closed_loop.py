@@ -23,12 +23,27 @@ import harness as harness_mod
 import scenario as scenario_mod
 from conftest import Graph, run_load
 
+from fleetpilot.api import contract
+
 COMPONENTS = scenario_mod.COMPONENTS
 TOTAL_GPUS = 32
 
 
 def _series(samples: list[dict[str, Any]], t0: float, key: str) -> list[tuple[float, Any]]:
     return [(x["t_unix"] - t0, x.get(key)) for x in samples]
+
+
+def scraped_pods(harness: harness_mod.Harness, s: scenario_mod.ClosedLoop) -> (
+        tuple[list[tuple[dict[str, Any], str]], dict[str, dict[str, Any]]] | None):
+    """The graph's serving pods (with their URL) and Prometheus' kubernetes_sd targets by pod name, once
+    every serving pod has a target that is up; None before."""
+    pods = harness.kubectl.json("get", "pods", "-n", s.namespace, "-l", f"fleetpilot.dev/graph={s.graph}")["items"]
+    serving = [(pod, url) for pod in pods if (url := contract.pod_http_url(pod)) is not None]
+    scraped = {t["discoveredLabels"]["__meta_kubernetes_pod_name"]: t for t in harness.pod_targets()
+               if t["labels"].get("namespace") == s.namespace}
+    if serving and all(scraped.get(pod["metadata"]["name"], {}).get("health") == "up" for pod, _ in serving):
+        return serving, scraped
+    return None
 
 
 def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, results: Path) -> None:
@@ -40,6 +55,10 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
                    results / "closed_loop.load.json")
         table = graph.kubectl.run("get", "dg", s.graph, "-n", s.namespace).stdout
         final = graph.get()
+        # Prometheus' discovery follows pods within seconds (a watch): wait for it rather than race it.
+        serving, scraped = harness_mod.wait_for(
+            lambda: scraped_pods(harness, s), timeout=30,
+            what=lambda: f"a Prometheus target, up, for each serving pod; targets: {harness.pod_targets()}")
     finally:
         graph.delete()
     samples, load, t0, load_start = run["samples"], run["load"], run["t0"], run["load_start"]
@@ -73,6 +92,8 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
         "peak_desired": peak, "final_desired": final_desired,
         "kubectl_get_dg": table, "planner_status": final.get("status", {}).get("planner"),
         "rbac": harness.rbac_source,
+        "prometheus_pod_targets": {name: {"scrape_url": t["scrapeUrl"], "health": t["health"], "labels": t["labels"]}
+                                   for name, t in scraped.items()},
     }
     marks = {f"{c} needed": needs[c] for c in COMPONENTS} | {"load start": load_start}
     scenario_mod.write_results("closed_loop", results, scenario=s, rows=rows, summary=summary,
@@ -101,6 +122,14 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
         assert (sample.get("Degraded") or {}).get("reason") != "Unschedulable", sample
     # Drain works: no request failed, through every scale-down.
     assert summary["errors"] == 0 and summary["cancelled"] == 0, load["summary"]["error_kinds"]
+    # Prometheus found the graph's pods itself (kubernetes_sd, role pod) and scrapes each one, labelled
+    # as the chart's PodMonitor labels them.
+    for pod, url in serving:
+        name = pod["metadata"]["name"]
+        target = scraped[name]
+        assert target["labels"]["graph"] == s.graph and target["labels"]["pod"] == name, target
+        assert target["labels"]["component"] == pod["metadata"]["labels"]["fleetpilot.dev/component"], target
+        assert target["scrapeUrl"] == f"{url}/metrics", target
     # `kubectl get dg` shows the planner's last decision.
     planner = final["status"]["planner"]
     assert planner["summary"] in table, (table, planner)

@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     from fleetpilot.devcluster import cluster
     from fleetpilot.frontend import cli as frontend_cli
     from fleetpilot.planner import cli as planner_cli
+    from fleetpilot.planner import recommend_cli
+    from fleetpilot.profiler import cli as profiler_cli
     from fleetpilot.replay import cli as replay_cli
     from fleetpilot.sim import cli as sim_cli
 
@@ -76,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cli.add_parser(sub)
     replay_cli.add_parser(sub)
     planner_cli.add_parser(sub)
+    recommend_cli.add_parser(sub)
+    profiler_cli.add_parser(sub)
     return parser
 
 

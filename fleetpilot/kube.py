@@ -51,6 +51,7 @@ KINDS: dict[str, Kind] = {
     "DynamoGraph": Kind("fleetpilot.dev/v1alpha1", "dynamographs"),
     "DynamoGraphComponent": Kind("fleetpilot.dev/v1alpha1", "dynamographcomponents"),
     "Deployment": Kind("apps/v1", "deployments"),
+    "StatefulSet": Kind("apps/v1", "statefulsets"),
     "Service": Kind("v1", "services"),
     "ServiceAccount": Kind("v1", "serviceaccounts"),
     "ConfigMap": Kind("v1", "configmaps"),

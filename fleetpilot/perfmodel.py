@@ -44,6 +44,12 @@ class ModelSpec:
     kv_bytes_per_element: float
     attention_heads: int = 0  # query heads; 0 means hidden_size // head_dim
     vocab_size: int = 0  # 0: embeddings are not modelled separately
+    # Mixture of experts: `expert_params` of `params` sit in `experts` experts per layer, of which each
+    # token uses `experts_per_token`. 0: a dense model.
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_params: int = 0
+    repository: str = ""  # the checkpoint on the Hugging Face hub, for the manifests a recommendation writes
 
     @property
     def query_dim(self) -> int:
@@ -60,6 +66,18 @@ class ModelSpec:
     def gemm_params(self) -> int:
         """Parameters that cost 2 FLOPs per token: everything but the input embedding table."""
         return self.params - self.embedding_params
+
+    @property
+    def active_gemm_params(self) -> float:
+        """GEMM parameters one token passes through: a MoE token uses only its experts' share."""
+        if not self.experts:
+            return float(self.gemm_params)
+        return self.gemm_params - self.expert_params * (1.0 - self.experts_per_token / self.experts)
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes of all experts' weights (0 for a dense model): streamed only where a token routes."""
+        return self.expert_params * self.weight_bytes_per_param
 
     @property
     def weight_bytes(self) -> float:
@@ -114,6 +132,7 @@ _FP8_MODELS = (
         kv_bytes_per_element=2,
         attention_heads=32,
         vocab_size=128_256,
+        repository="nvidia/Llama-3.1-8B-Instruct-FP8",
     ),
     ModelSpec(
         name="llama-3.1-70b",
@@ -126,6 +145,7 @@ _FP8_MODELS = (
         kv_bytes_per_element=2,
         attention_heads=64,
         vocab_size=128_256,
+        repository="nvidia/Llama-3.1-70B-Instruct-FP8",
     ),
     ModelSpec(
         name="qwen3-32b",
@@ -138,10 +158,55 @@ _FP8_MODELS = (
         kv_bytes_per_element=2,
         attention_heads=64,
         vocab_size=151_936,
+        repository="Qwen/Qwen3-32B-FP8",
+    ),
+    # Mixture-of-experts presets (128 experts, 8 per token). Not calibrated: no MoE row is in the
+    # calibration data, so their times are the dense stacks' constants applied to the active parameters
+    # and the experts the batch touches (docs/perfmodel.md, "Mixture of experts").
+    ModelSpec(
+        name="qwen3-30b-a3b",
+        params=30_532_122_624,
+        layers=48,
+        hidden_size=2048,
+        kv_heads=4,
+        head_dim=128,
+        weight_bytes_per_param=1,
+        kv_bytes_per_element=2,
+        attention_heads=32,
+        vocab_size=151_936,
+        experts=128,
+        experts_per_token=8,
+        expert_params=28_991_029_248,
+        repository="Qwen/Qwen3-30B-A3B-FP8",
+    ),
+    ModelSpec(
+        name="qwen3-235b-a22b",
+        params=235_093_634_560,
+        layers=94,
+        hidden_size=4096,
+        kv_heads=4,
+        head_dim=128,
+        weight_bytes_per_param=1,
+        kv_bytes_per_element=2,
+        attention_heads=64,
+        vocab_size=151_936,
+        experts=128,
+        experts_per_token=8,
+        expert_params=227_096_395_776,
+        repository="Qwen/Qwen3-235B-A22B-FP8",
     ),
 )
+# The original 16-bit checkpoints of the FP8 presets.
+_BF16_REPOSITORIES = {
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+}
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _FP8_MODELS} | {
-    f"{spec.name}-bf16": dataclasses.replace(spec, name=f"{spec.name}-bf16", weight_bytes_per_param=2)
+    f"{spec.name}-bf16": dataclasses.replace(
+        spec, name=f"{spec.name}-bf16", weight_bytes_per_param=2, repository=_BF16_REPOSITORIES[spec.name])
     for spec in _FP8_MODELS
 }
 
@@ -165,6 +230,15 @@ GPUS: dict[str, GpuSpec] = {
         interconnect_bandwidth=450e9,
     ),
 }
+
+
+#: Between nodes: one 400 Gb/s NIC per GPU (ConnectX-7, NDR InfiniBand, as in DGX H100/H200), bytes/s
+#: per direction; what a tensor-parallel all-reduce gets per GPU once its ranks span nodes.
+NETWORK_BANDWIDTH = 50e9
+#: What crossing nodes adds to one all-reduce or pipeline hand-off beyond NVLink's latency (NIC, switch,
+#: NCCL's inter-node protocol). Judgement from NCCL's published small-message latencies, not fitted:
+#: the calibration data has no multinode run.
+NETWORK_LATENCY_S = 15e-6
 
 
 # -- calibration ---------------------------------------------------------------------------------------
@@ -295,6 +369,12 @@ class PerformanceModel:
     speeds a step up by less than its degree. Pipeline parallelism shards weights and KV across stages,
     but one step still passes every layer in turn: it buys memory, not step latency.
 
+    A multinode replica (`nodes` > 1: its GPUs on that many nodes, as many on each) pays the network
+    where its ranks cross nodes: tensor-parallel all-reduces over more GPUs than a node holds run at
+    the NIC's bandwidth (`NETWORK_BANDWIDTH`, a ninth of NVLink's) with `NETWORK_LATENCY_S` more each,
+    and each pipeline hand-off between nodes costs that latency and the activations' bytes. Its KV
+    capacity and FLOPs follow tensor × pipeline as on one node.
+
     `calibration` picks the serving stack (`CALIBRATIONS`); the default, `VLLM_HOPPER`, is the one the
     simulator engine imitates.
     """
@@ -307,14 +387,26 @@ class PerformanceModel:
         pipeline_parallel: int = 1,
         *,
         calibration: Calibration = VLLM_HOPPER,
+        nodes: int = 1,
     ) -> None:
         if tensor_parallel < 1 or pipeline_parallel < 1:
             raise ValueError("tensor_parallel and pipeline_parallel must be ≥ 1")
+        if nodes < 1 or (tensor_parallel * pipeline_parallel) % nodes:
+            raise ValueError(f"nodes must divide tensor_parallel × pipeline_parallel "
+                             f"({tensor_parallel * pipeline_parallel}), got {nodes}")
         self.model = model
         self.gpu = gpu
         self.tensor_parallel = tensor_parallel
         self.pipeline_parallel = pipeline_parallel
+        self.nodes = nodes
         self.calibration = cal = calibration
+        # Where the replica's ranks cross nodes: its all-reduces, when a TP group is wider than a node;
+        # else the boundaries between nodes' pipeline stages.
+        tp_spans_nodes = tensor_parallel > tensor_parallel * pipeline_parallel // nodes
+        stage_crossings = (pipeline_parallel - 1) if tp_spans_nodes else (nodes - 1)
+        link = gpu.interconnect_bandwidth * cal.interconnect_efficiency
+        if tp_spans_nodes:
+            link = min(link, NETWORK_BANDWIDTH * cal.interconnect_efficiency)
 
         tp = float(tensor_parallel)
         eight_bit = model.weight_bytes_per_param <= 1 or not gpu.flops_16bit
@@ -330,34 +422,42 @@ class PerformanceModel:
         )
 
         # Everything below is seconds per unit, so the step methods are a handful of multiply-adds.
-        self._gemm_s_per_token = 2.0 * model.gemm_params / (tp * gemm_peak * cal.gemm_efficiency)
+        self._gemm_s_per_token = 2.0 * model.active_gemm_params / (tp * gemm_peak * cal.gemm_efficiency)
         # One query attending to one key costs 4·query_dim FLOPs per layer (QKᵀ and PV, 2 FLOPs a MAC).
         self._attention_s_per_pair = (
             4.0 * model.layers * model.query_dim / (tp * attention_peak * cal.attention_efficiency)
         )
-        self._weights_s = model.streamed_weight_bytes / tp / bandwidth
+        # A MoE step streams the dense weights and the experts its tokens route to: with uniform routing,
+        # an expert is untouched by n tokens with probability (1 − k/E)ⁿ (`_weights_for`).
+        self._weights_s = (model.streamed_weight_bytes - model.expert_weight_bytes) / tp / bandwidth
+        self._expert_weights_s = model.expert_weight_bytes / tp / bandwidth
+        self._expert_miss = 1.0 - model.experts_per_token / model.experts if model.experts else 0.0
         self._kv_s_per_token = self.kv_bytes_per_token_per_gpu / bandwidth
         allreduces = 2.0 * model.layers if tensor_parallel > 1 else 0.0
         # Pipeline stages run one after another within a step; each hand-off costs one more latency.
         self._fixed_s = (
             cal.step_overhead_s
             + model.layers * cal.layer_overhead_s
-            + allreduces * cal.allreduce_latency_s
+            + allreduces * (cal.allreduce_latency_s + (NETWORK_LATENCY_S if tp_spans_nodes else 0.0))
             + (pipeline_parallel - 1) * cal.allreduce_latency_s
+            + stage_crossings * NETWORK_LATENCY_S
         )
-        # A ring all-reduce moves 2·(tp−1)/tp of the BF16 activations through each GPU's link.
+        # A ring all-reduce moves 2·(tp−1)/tp of the BF16 activations through each GPU's link; a
+        # hand-off between nodes sends a token's BF16 activations over the network.
         self._allreduce_s_per_token = (
-            allreduces
-            * 2.0
-            * (tp - 1.0)
-            / tp
-            * model.hidden_size
-            * 2.0
-            / (gpu.interconnect_bandwidth * cal.interconnect_efficiency)
+            allreduces * 2.0 * (tp - 1.0) / tp * model.hidden_size * 2.0 / link
+            + stage_crossings * model.hidden_size * 2.0 / NETWORK_BANDWIDTH
         )
         self._seq_s = cal.sequence_overhead_s
 
     # -- step times (hot: called per engine step) --
+
+    def _weights_for(self, tokens: float) -> float:
+        """Seconds to stream the weights a step of `tokens` tokens reads (dense: all of them)."""
+        if not self._expert_weights_s:
+            return self._weights_s
+        untouched: float = self._expert_miss**tokens
+        return self._weights_s + self._expert_weights_s * (1.0 - untouched)
 
     def prefill_time(self, batch_tokens: int, context_tokens: int = 0) -> float:
         """One prefill (chunk) step: `batch_tokens` new tokens of one sequence after `context_tokens`.
@@ -368,7 +468,7 @@ class PerformanceModel:
         n = float(batch_tokens)
         pairs = n * (context_tokens + (n + 1.0) * 0.5)
         compute = n * self._gemm_s_per_token + pairs * self._attention_s_per_pair
-        memory = self._weights_s + (context_tokens + n) * self._kv_s_per_token
+        memory = self._weights_for(n) + (context_tokens + n) * self._kv_s_per_token
         return self._fixed_s + self._seq_s + n * self._allreduce_s_per_token + max(compute, memory)
 
     def decode_step_time(self, batch_size: int, total_context: int) -> float:
@@ -381,7 +481,7 @@ class PerformanceModel:
             return 0.0
         b = float(batch_size)
         compute = b * self._gemm_s_per_token + total_context * self._attention_s_per_pair
-        memory = self._weights_s + total_context * self._kv_s_per_token
+        memory = self._weights_for(b) + total_context * self._kv_s_per_token
         return self._fixed_s + b * (self._seq_s + self._allreduce_s_per_token) + max(compute, memory)
 
     def mixed_step_time(
@@ -396,7 +496,7 @@ class PerformanceModel:
         b = float(decode_batch)
         pairs = n * (prefill_context + (n + 1.0) * 0.5) + decode_context
         compute = (n + b) * self._gemm_s_per_token + pairs * self._attention_s_per_pair
-        memory = self._weights_s + (prefill_context + n + decode_context) * self._kv_s_per_token
+        memory = self._weights_for(n + b) + (prefill_context + n + decode_context) * self._kv_s_per_token
         sequences = b + (1.0 if prefill_tokens > 0 else 0.0)
         return (
             self._fixed_s

@@ -36,6 +36,7 @@ WATCHED: dict[str, tuple[str, str, str]] = {
     api.GRAPH_KIND: (api.GROUP, api.VERSION, api.GRAPH_PLURAL),
     api.COMPONENT_KIND: (api.GROUP, api.VERSION, api.COMPONENT_PLURAL),
     "Deployment": ("apps", "v1", "deployments"),
+    "StatefulSet": ("apps", "v1", "statefulsets"),
     "Service": ("", "v1", "services"),
     "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
     "ServiceAccount": ("", "v1", "serviceaccounts"),
@@ -45,8 +46,9 @@ WATCHED: dict[str, tuple[str, str, str]] = {
     "Pod": ("", "v1", "pods"),
 }
 #: The kinds a component may own: listed from the cache each pass to apply, adopt-check and prune.
-CHILD_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding", "ConfigMap")
+CHILD_KINDS = ("Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding", "ConfigMap")
 WRITE_TTL_S = 60.0
+_POD_ANNOTATIONS = (contract.ANNOTATION_DELETION_COST, contract.ANNOTATION_GROUP_MEMBERS)
 
 
 def index_id(kind: str) -> str:
@@ -65,7 +67,9 @@ def _metadata(meta: Mapping[str, Any]) -> Manifest:
 
 
 def _containers(containers: Iterable[Mapping[str, Any]]) -> list[Manifest]:
-    return [{"name": c.get("name"), "resources": c.get("resources", {})} for c in containers]
+    # Ports: where a frontend pod serves /metrics (the per-worker load a scale-down reads).
+    return [{"name": c.get("name"), "resources": c.get("resources", {}),
+             **({"ports": c["ports"]} if c.get("ports") else {})} for c in containers]
 
 
 def projection(kind: str, body: Mapping[str, Any]) -> Manifest:
@@ -74,13 +78,22 @@ def projection(kind: str, body: Mapping[str, Any]) -> Manifest:
     if kind != "Pod":
         return {**{k: v for k, v in body.items() if k != "metadata"}, "metadata": meta}
     spec, status = body.get("spec", {}), body.get("status", {})
+    pod_meta: Manifest = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp",
+                                     "ownerReferences") if k in meta}
+    # Only ours, not every annotation a pod carries: the deletion cost a scale-down wrote, the members
+    # a multinode group formed with.
+    ours = {k: v for k, v in (meta.get("annotations") or {}).items() if k in _POD_ANNOTATIONS}
+    if ours:
+        pod_meta["annotations"] = ours
+    pod_spec: Manifest = {"nodeName": spec.get("nodeName"), "containers": _containers(spec.get("containers", [])),
+                          "initContainers": _containers(spec.get("initContainers", []))}
+    if spec.get("schedulingGates"):
+        pod_spec["schedulingGates"] = spec["schedulingGates"]  # a multinode group's leader before admission
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels",
-                                          "deletionTimestamp", "ownerReferences") if k in meta},
-        "spec": {"nodeName": spec.get("nodeName"), "containers": _containers(spec.get("containers", [])),
-                 "initContainers": _containers(spec.get("initContainers", []))},
-        "status": {k: status[k] for k in ("phase", "conditions", "containerStatuses") if k in status},
+        "metadata": pod_meta,
+        "spec": pod_spec,
+        "status": {k: status[k] for k in ("phase", "conditions", "containerStatuses", "podIP") if k in status},
     }
 
 

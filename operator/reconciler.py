@@ -14,16 +14,19 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 import pydantic
 
 from fleetpilot import kube as kube_mod
+from fleetpilot import scrape
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import cache as cache_mod
-from fleetpilot.operator import drift, metrics, render, status, workqueue
+from fleetpilot.operator import drift, groups, metrics, render, rollout, scaledown, status, workqueue
 
 logger = logging.getLogger("fleetpilot.operator")
 
@@ -84,6 +87,7 @@ class GraphReconciler:
         self._tasks: list[asyncio.Task[None]] = []
         # When this process first saw each graph with its planner on (status.planner_watch's clock).
         self._planner_seen: dict[Key, datetime.datetime] = {}
+        self._http: httpx.AsyncClient | None = None  # reads the frontends' per-worker load before a scale-down
 
     # -- queue -------------------------------------------------------------------------------------------
 
@@ -101,6 +105,9 @@ class GraphReconciler:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     async def _worker(self) -> None:
         while True:
@@ -161,30 +168,79 @@ class GraphReconciler:
             (kind, item["metadata"]["name"]): item
             for kind in cache_mod.CHILD_KINDS for item in self.cache.children(kind, namespace, name)
         }
+        pods = self.cache.children("Pod", namespace, name)
+
+        dgcs: dict[api.ComponentName, Manifest] = {}
+        requested: dict[api.ComponentName, int] = {}
+        replicas: dict[api.ComponentName, int] = {}
+        for component in wanted:
+            dgcs[component] = await self._ensure_component(
+                graph, component, components.get(contract.child_name(name, component)))
+            requested[component] = int(dgcs[component]["spec"]["replicas"])
+            replicas[component] = render.effective_replicas(graph, component, requested[component])
+        owners = {c: render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, dgc["metadata"]["name"],
+                                     dgc["metadata"]["uid"]) for c, dgc in dgcs.items()}
+
+        # The workers' generations: every Deployment a worker component owns is one of them.
+        workers = [c for c in wanted if c != "frontend"]
+        target = render.generation_of(graph, self.settings)
+        deployments: dict[str, dict[str, Manifest]] = {c: rollout_deployments(children, owners[c].uid)
+                                                        for c in workers}
+        # Multinode components: form, heal and release their groups, and count them whole (groups.py).
+        group_plans: dict[str, groups.Plan] = {}  # by leader StatefulSet name
+        released: dict[str, dict[str, float]] = {}
+        group_problems: list[str] = []
+        for component in workers:
+            if render.is_multinode(graph, component):
+                released[component] = await self._tend_groups(
+                    graph, component, deployments[component], dgcs[component], children, pods, group_plans,
+                    group_problems)
+                deployments[component] = {g: groups.summary(d, group_plans[d["metadata"]["name"]])
+                                          for g, d in deployments[component].items()}
+        generations = rollout_generations(deployments)
+        stalled = rollout_stall(target, deployments, pods, graph.status.rollout, generations)
+        plan = rollout.plan(target, {c: replicas[c] for c in workers}, generations, stalled=stalled)
 
         observed: list[status.ComponentObservation] = []
         keep: set[tuple[str, str]] = set()
         for component in wanted:
-            dgc = await self._ensure_component(graph, component, components.get(contract.child_name(name, component)))
-            requested = int(dgc["spec"]["replicas"])
-            replicas = render.effective_replicas(graph, component, requested)
-            owner = render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, dgc["metadata"]["name"], dgc["metadata"]["uid"])
+            owner = owners[component]
+            size = plan.replicas[target][component] if component != "frontend" else replicas[component]
             deployment: Manifest | None = None
-            for manifest in render.workload(graph, component, replicas=replicas, owner=owner, settings=self.settings):
+            for manifest in render.workload(graph, component, replicas=size, owner=owner, settings=self.settings,
+                                            generation=target if component != "frontend" else None):
                 key = (manifest["kind"], manifest["metadata"]["name"])
                 keep.add(key)
+                if manifest["kind"] == "Deployment" and component != "frontend":
+                    await self._before_scale_down(graph, children.get(key), size, pods)
                 applied = await self._apply_owned(manifest, owner, children.get(key))
                 if manifest["kind"] == "Deployment":
                     deployment = applied
-            await self._write_component_status(dgc, deployment)
+                elif manifest["kind"] == "StatefulSet":  # a multinode component's leaders: counted in groups
+                    deployment = groups.summary(applied, group_plans.get(applied["metadata"]["name"], groups.Plan()))
+            if component != "frontend":
+                # Older generations: only their replicas change (their pod template is the spec they
+                # were made from, which the graph no longer holds); gone once drained.
+                current = [deployment] if deployment is not None else []
+                for generation_name, old in deployments[component].items():
+                    if generation_name == target or generation_name in plan.delete:
+                        continue
+                    keep.update({(old["kind"], old["metadata"]["name"]),
+                                 ("PodDisruptionBudget", old["metadata"]["name"])})
+                    current.append(await self._scale_old(graph, old, plan.replicas[generation_name][component], pods))
+                deployment = rollout_aggregate(current, target)
+            await self._write_component_status(
+                dgcs[component], deployment, selector=render.scale_selector(graph, component),
+                nodes=render.nodes_of(graph, component) if component in released else None,
+                released=released.get(component))
             observed.append(status.ComponentObservation(
-                name=component, desired=replicas, deployment=deployment,
-                clamped_from=requested if requested != replicas else None,
+                name=component, desired=replicas[component], deployment=deployment,
+                clamped_from=requested[component] if requested[component] != replicas[component] else None,
+                nodes=render.nodes_of(graph, component),
             ))
 
         await self._prune(graph, uid, components, children, keep, wanted)
 
-        pods = self.cache.children("Pod", namespace, name)
         capacity = None
         if status.unschedulable(pods):
             # Rare, and worth two LISTs: which nodes could take these pods, and what is already on them.
@@ -193,7 +249,145 @@ class GraphReconciler:
                 self.kube.list("Pod", field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
             )
             capacity = status.gpu_capacity(nodes, bound)
-        return status.Observation(generation=graph.metadata.generation, components=observed, pods=pods, capacity=capacity)
+        return status.Observation(generation=graph.metadata.generation, components=observed, pods=pods,
+                                  capacity=capacity, group_problems=group_problems,
+                                  rollout=rollout_status(target, plan, generations, workers, stalled) if workers else None)
+
+    async def _scale_old(self, graph: api.DynamoGraph, deployment: Manifest, replicas: int,
+                         pods: list[Manifest]) -> Manifest:
+        """An older generation's Deployment to `replicas` (a merge patch of that one field)."""
+        if int(deployment.get("spec", {}).get("replicas", 0)) == replicas:
+            return deployment
+        kind = deployment.get("kind", "Deployment")
+        if kind == "Deployment":
+            await self._before_scale_down(graph, deployment, replicas, pods)
+        meta = deployment["metadata"]
+        metrics.APPLIES.labels(kind).inc()
+        patched = await self.kube.patch(kind, meta["namespace"], meta["name"], {"spec": {"replicas": replicas}})
+        self.cache.remember(patched)
+        if kind == "StatefulSet":  # counted in groups, as the summary it replaces
+            return {**patched, "status": deployment.get("status", {})}
+        return patched
+
+    async def _tend_groups(self, graph: api.DynamoGraph, component: api.ComponentName,
+                           leader_sets: dict[str, Manifest], dgc: Manifest, children: dict[tuple[str, str], Manifest],
+                           pods: list[Manifest], plans: dict[str, groups.Plan], problems: list[str]
+                           ) -> dict[str, float]:
+        """Form, heal and release the groups of every generation of a multinode component (groups.py);
+        fills `plans` (by leader StatefulSet) and `problems`; returns when groups were last released."""
+        now = time.time()
+        timeout = float(graph.spec.placement.group_scheduling_timeout_seconds)
+        released: dict[str, float] = {}
+        for name, at in ((dgc.get("status") or {}).get("releasedGroups") or {}).items():
+            try:
+                released[name] = contract.parse_rfc3339(at)
+            except ValueError:
+                continue
+        worker_sets = [obj for (kind, _), obj in children.items()
+                       if kind == "StatefulSet" and (controller_ref(obj) or {}).get("kind") == "Pod"]
+        out: dict[str, float] = {}
+        for leader_set in leader_sets.values():
+            set_name, set_uid = leader_set["metadata"]["name"], leader_set["metadata"].get("uid")
+            leaders = [p for p in pods if controller_uid(p) == set_uid]
+            plan = groups.plan(
+                leaders=leaders, worker_sets=worker_sets, pods=pods,
+                nodes=render.nodes_of(graph, component),
+                update_revision=leader_set.get("status", {}).get("updateRevision"), now=now, timeout_s=timeout,
+                released={k: v for k, v in released.items() if k.startswith(f"{set_name}-")})
+            plans[set_name] = plan
+            out.update(plan.released)
+            problems += [groups.describe(component, p, graph.spec.placement.topology_key) for p in plan.problems]
+            for action in plan.actions:
+                await self._group_action(graph, component, action)
+            if plan.recheck_in_s is not None:
+                self.enqueue(graph.metadata.namespace, graph.metadata.name, after=plan.recheck_in_s + 0.5)
+        return out
+
+    async def _group_action(self, graph: api.DynamoGraph, component: api.ComponentName, action: groups.Action) -> None:
+        namespace, leader = graph.metadata.namespace, action.leader["metadata"]
+        metrics.GROUP_ACTIONS.labels(action.kind).inc()
+        try:
+            if action.kind == "create-workers":
+                generation = leader.get("labels", {}).get(contract.LABEL_GENERATION, "")
+                manifest = render.group_workers(graph, component, leader=action.leader, generation=generation,
+                                                settings=self.settings)
+                try:
+                    self.cache.remember(await self.kube.create(drift.with_digest(manifest)))
+                except kube_mod.ApiError as error:
+                    if not error.conflict:
+                        raise  # an earlier leader's set still in the way: the next pass removes it
+            elif action.kind == "delete-stale-workers" and action.workers is not None:
+                await self.kube.delete("StatefulSet", namespace, action.group, uid=action.workers["metadata"]["uid"])
+            elif action.kind == "admit":
+                # The group's workers exist: lift the leader's gate, so all its pods are scheduled now.
+                self.cache.remember(await self.kube.patch("Pod", namespace, action.group, {
+                    "metadata": {"labels": {contract.LABEL_GROUP: action.group}},
+                    "spec": {"schedulingGates": None}}))
+            elif action.kind == "record-members":
+                self.cache.remember(await self.kube.patch("Pod", namespace, action.group, {
+                    "metadata": {"annotations": {contract.ANNOTATION_GROUP_MEMBERS: ",".join(action.members)}}}))
+            else:  # restart or release: the whole group goes, and is formed again
+                await self._tear_down_group(graph, component, action)
+        except kube_mod.ApiError as error:
+            if not error.not_found:
+                raise  # a pod or set that went meanwhile needs nothing more
+
+    async def _tear_down_group(self, graph: api.DynamoGraph, component: api.ComponentName,
+                               action: groups.Action) -> None:
+        """Remove a group's worker StatefulSet, its leader and its worker pods at once (a broken or
+        unplaceable group has nothing to drain); the leader StatefulSet makes a new leader, gated."""
+        namespace = graph.metadata.namespace
+        if action.workers is not None:
+            await self.kube.delete("StatefulSet", namespace, action.group, uid=action.workers["metadata"]["uid"])
+        for pod in (action.leader, *action.pods):
+            await self.kube.delete("Pod", namespace, pod["metadata"]["name"], uid=pod["metadata"].get("uid"),
+                                   grace_period_seconds=render.EXIT_MARGIN_SECONDS)
+        if action.kind == "restart":
+            reason, message = "GroupRestarted", f"{component} group {action.group} restarts whole: {action.reason}"
+        else:
+            reason = "GroupReleased"
+            message = (f"{component} group {action.group} could not be placed whole ({action.reason}): its pods"
+                       " are released so their GPUs can serve other groups; it will be tried again")
+        logger.info("%s/%s: %s", namespace, graph.metadata.name, message)
+        regarding = {"apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+                     "metadata": {"name": graph.metadata.name, "namespace": namespace, "uid": graph.metadata.uid}}
+        try:
+            await self.kube.event(regarding, type_="Warning", reason=reason, message=message)
+        except kube_mod.ApiError as error:  # best effort: the status and the log say it too
+            logger.warning("could not record event on %s: %s", graph.metadata.name, error)
+
+    async def _before_scale_down(self, graph: api.DynamoGraph, deployment: Manifest | None, replicas: int,
+                                 pods: list[Manifest]) -> None:
+        """Before a Deployment shrinks: mark its least loaded Ready pods as the cheapest to delete
+        (scaledown.py), from the requests in flight every Ready frontend counts per worker, read from
+        their /metrics now (fleetpilot.scrape); a frontend that does not answer leaves the choice to
+        the ReplicaSet."""
+        if deployment is None or int(deployment.get("spec", {}).get("replicas", 0)) <= replicas:
+            return
+        selector = deployment.get("spec", {}).get("selector", {}).get("matchLabels", {})
+        mine = [p for p in pods if all(p["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())]
+        frontends = [url for p in pods
+                     if p["metadata"].get("labels", {}).get(contract.LABEL_COMPONENT) == "frontend"
+                     and (url := contract.pod_http_url(p)) is not None]
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        texts = await scrape.read_texts(self._http, frontends)
+        if texts is None:
+            logger.info("%s/%s: a frontend did not answer; the ReplicaSet picks the replica of %s to remove",
+                        graph.metadata.namespace, graph.metadata.name, deployment["metadata"]["name"])
+            return
+        costs = scaledown.deletion_costs(mine, scrape.sum_by_label(texts, contract.WORKER_LOAD_METRIC, "worker"))
+        for pod_name, cost in scaledown.stale(mine, costs).items():
+            try:
+                patched = await self.kube.patch("Pod", graph.metadata.namespace, pod_name, {
+                    "metadata": {"annotations": {contract.ANNOTATION_DELETION_COST: str(cost)}}})
+            except kube_mod.ApiError as error:
+                if error.not_found:
+                    continue
+                raise
+            self.cache.remember(patched)
+        logger.info("%s/%s: scaling %s down to %d; in flight per Ready pod: %s", graph.metadata.namespace,
+                    graph.metadata.name, deployment["metadata"]["name"], replicas, costs)
 
     async def _ensure_component(
         self, graph: api.DynamoGraph, component: api.ComponentName, existing: Manifest | None
@@ -280,15 +474,21 @@ class GraphReconciler:
 
     # -- status ------------------------------------------------------------------------------------------
 
-    async def _write_component_status(self, dgc: Manifest, deployment: Manifest | None) -> None:
+    async def _write_component_status(self, dgc: Manifest, deployment: Manifest | None, *, selector: dict[str, str],
+                                      nodes: int | None = None, released: dict[str, float] | None = None) -> None:
+        """/scale's view: replicas and ready replicas (groups, for a multinode component) and the
+        selector of the pods that count (a multinode component's leaders: one per replica)."""
         observed = (deployment or {}).get("status", {})
-        spec = dgc["spec"]
-        new = {
+        new: Manifest = {
             "replicas": int(observed.get("replicas", 0)),
             "readyReplicas": int(observed.get("readyReplicas", 0)),
-            "selector": ",".join(f"{k}={v}" for k, v in sorted(render.selector_labels(spec["graph"], spec["component"]).items())),
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(selector.items())),
             "observedGeneration": dgc["metadata"].get("generation", 0),
         }
+        if nodes is not None:
+            new["nodes"] = nodes
+        if released:
+            new["releasedGroups"] = {name: contract.rfc3339(_utc(at)) for name, at in sorted(released.items())}
         if dgc.get("status") != new:
             self.cache.remember(await self.kube.apply({
                 "apiVersion": api.API_VERSION, "kind": api.COMPONENT_KIND,
@@ -316,7 +516,7 @@ class GraphReconciler:
             new_doc.pop("components", None)
         old_doc = body.get("status") or {}
         ours = {k: old_doc.get(k) for k in new_doc}
-        ours["conditions"] = [c for c in old_doc.get("conditions", []) if c.get("type") in ("Ready", "Progressing", "Degraded")
+        ours["conditions"] = [c for c in old_doc.get("conditions", []) if c.get("type") in status.OPERATOR_CONDITIONS
                               or c.get("reason") == status.NO_PLANNER]
         if ours != new_doc:
             self.cache.remember(await self.kube.apply({
@@ -354,5 +554,89 @@ class GraphReconciler:
             logger.warning("could not record event on %s: %s", body["metadata"]["name"], error)
 
 
+def _utc(epoch_s: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(epoch_s, datetime.UTC)
+
+
 def _subset(small: Manifest, big: Manifest) -> bool:
     return all(big.get(k) == v for k, v in small.items())
+
+
+# -- generations: from the cache's Deployments and Pods to rollout.py's plain numbers and back ----------
+
+def rollout_deployments(children: dict[tuple[str, str], Manifest], owner_uid: str) -> dict[str, Manifest]:
+    """A worker component's Deployments (a multinode one's leader StatefulSets) by generation (a
+    Deployment made before generations: "")."""
+    return {d["metadata"].get("labels", {}).get(contract.LABEL_GENERATION, ""): d
+            for (kind, _), d in children.items()
+            if kind in ("Deployment", "StatefulSet") and controller_uid(d) == owner_uid}
+
+
+def rollout_generations(deployments: dict[str, dict[str, Manifest]]) -> list[rollout.Generation]:
+    names = sorted({g for by_generation in deployments.values() for g in by_generation})
+    out = []
+    for generation_name in names:
+        mine = {c: by_generation[generation_name] for c, by_generation in deployments.items()
+                if generation_name in by_generation}
+        out.append(rollout.Generation(
+            name=generation_name,
+            replicas={c: int(d.get("spec", {}).get("replicas", 0)) for c, d in mine.items()},
+            ready={c: int(d.get("status", {}).get("readyReplicas", 0)) for c, d in mine.items()},
+            existing={c: int(d.get("status", {}).get("replicas", 0)) for c, d in mine.items()},
+        ))
+    return out
+
+
+def rollout_stall(target: str, deployments: dict[str, dict[str, Manifest]], pods: list[Manifest],
+                  previous: api.RolloutStatus | None, generations: list[rollout.Generation]) -> str | None:
+    """Why the rollout to `target` has failed, or None. Only a rollout can stall (a graph's first
+    generation that does not come up is just not Ready); once stalled it stays so until the target's
+    replicas are all Ready or the spec names another generation."""
+    if not any(g.name != target for g in generations):
+        return None
+    mine = [p for p in pods if p["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target]
+    reason = rollout.failure(mine, [by_generation[target] for by_generation in deployments.values()
+                                    if target in by_generation])
+    if reason is not None:
+        return reason
+    new = next((g for g in generations if g.name == target), None)
+    if (previous is not None and previous.phase == "Stalled" and previous.target == target and new is not None
+            and any(new.ready.get(c, 0) < n for c, n in new.replicas.items())):
+        return previous.reason or "stalled before"
+    return None
+
+
+def rollout_aggregate(deployments: list[Manifest], target: str) -> Manifest | None:
+    """One component's Deployments of every generation as one Deployment-shaped summary, for status:
+    replicas and readiness summed, `updatedReplicas` those of the target generation only, so the
+    component's rollout is complete once the older generations are gone."""
+    if not deployments:
+        return None
+    total = {"replicas": 0, "readyReplicas": 0, "availableReplicas": 0}
+    observed = True
+    updated = 0
+    for deployment in deployments:
+        status_ = deployment.get("status", {})
+        for key in total:
+            total[key] += int(status_.get(key, 0))
+        observed = observed and (status_.get("observedGeneration", 0)
+                                 >= deployment.get("metadata", {}).get("generation", 0))
+        if deployment["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target:
+            updated = int(status_.get("updatedReplicas", 0))
+    return {"metadata": {"name": deployments[0]["metadata"]["name"], "generation": 1},
+            "status": {**total, "updatedReplicas": updated, "observedGeneration": 1 if observed else 0}}
+
+
+def rollout_status(target: str, plan: rollout.Plan, generations: list[rollout.Generation],
+                   workers: Sequence[str], stalled: str | None) -> api.RolloutStatus:
+    by_name = {g.name: g for g in generations}
+    shown = []
+    for generation_name in [target, *sorted(n for n in plan.replicas if n != target)]:
+        g = by_name.get(generation_name, rollout.Generation(generation_name))
+        shown.append(api.GenerationStatus(name=generation_name or "(before generations)", components={
+            c: api.ComponentStatus(desired=plan.replicas[generation_name].get(c, 0), ready=g.ready.get(c, 0),
+                                   updated=g.ready.get(c, 0),
+                                   summary=f"{g.ready.get(c, 0)}/{plan.replicas[generation_name].get(c, 0)}")
+            for c in workers}))
+    return api.RolloutStatus(target=target, phase=plan.phase, message=plan.message, generations=shown,
+                             reason=stalled if plan.phase == "Stalled" else None)

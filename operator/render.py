@@ -7,10 +7,27 @@ golden tests pin the output and the reconciler only has to apply it.
 Ownership chain: DynamoGraph → DynamoGraphComponent (one per component) → the component's
 Deployment, Service, PodDisruptionBudget and helpers. Deleting a component from the graph deletes
 its DynamoGraphComponent and Kubernetes' garbage collector takes the rest.
+
+Worker components run in *generations* (`generation_of`, rollout.py): one Deployment and one
+PodDisruptionBudget per component and generation, `<graph>-<component>-<generation>`, their pods
+labelled with it, behind one Service per component. A change to what makes two workers' KV caches
+compatible (engine, image, model, arguments) is a new generation, rolled out beside the old one; any
+other change (resources, drain time, pod overrides) rolls the current generation's Deployment in
+place. The frontend runs no generations: it is one Deployment, `<graph>-frontend`.
+
+A worker component with `nodes > 1` runs *groups*: each replica is a leader pod (rank 0, which
+serves) and `nodes − 1` worker pods (the other ranks), built from StatefulSets as LeaderWorkerSet
+does: per generation a leader StatefulSet `<graph>-<component>-<generation>` whose replicas are the
+groups (`leader_statefulset`), and per leader pod a worker StatefulSet named like it and owned by it
+(`group_workers`), so a leader's workers go when it has gone, and a new leader gets new workers.
+Every pod learns its rank, the group size and the leader's DNS name through its engine's own
+multinode flags (`group_flags`).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +38,39 @@ from fleetpilot.api import v1alpha1 as api
 HTTP_PORT = 8000
 NIXL_SIDE_CHANNEL_PORT = 5600
 SGLANG_BOOTSTRAP_PORT = 8998
+#: Where a multinode group's ranks meet the leader: vLLM's --master-port, SGLang's --dist-init-addr
+#: port, the simulator's rendezvous.
+GROUP_PORT = 29500
+GROUP_SIZE_ENV = "FLEETPILOT_GROUP_SIZE"
+NODE_RANK_ENV = "FLEETPILOT_NODE_RANK"
+LEADER_ADDRESS_ENV = "FLEETPILOT_LEADER_ADDRESS"
 TRTLLM_CONFIG_DIR = "/etc/fleetpilot/trtllm"
+#: The kubelet's grace period is the pod's drain time plus this: the engine drains for
+#: `drainSeconds`, then has this long to exit before SIGKILL.
+EXIT_MARGIN_SECONDS = 10
+#: The Prometheus gauges of requests an engine still has (running, waiting): its preStop hook waits
+#: until they are 0 before the kubelet sends SIGTERM (the simulator drains on SIGTERM by itself).
+BUSY_GAUGES = {
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+}
+# Polls the engine's /metrics until the gauges above sum to 0 (or the drain time passes), then waits
+# a little longer for KV transfers to decode workers, which those gauges do not count. Python is in
+# every engine image, curl is not.
+_WAIT_IDLE = """\
+import sys, time, urllib.request
+port, limit, names = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), sys.argv[3:]
+while time.monotonic() < limit:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        break
+    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] in names)
+    if busy == 0:
+        time.sleep(max(0.0, min(5.0, limit - time.monotonic())))
+        break
+    time.sleep(1)
+"""
 
 Manifest = dict[str, Any]
 
@@ -55,8 +104,33 @@ class OwnerRef:
 
 
 def selector_labels(graph: str, component: str) -> dict[str, str]:
-    """The immutable Deployment selector: graph and component only."""
+    """The component's pods, every generation: the Service's and the /scale selector; the frontend's
+    Deployment selector."""
     return {contract.LABEL_GRAPH: graph, contract.LABEL_COMPONENT: component}
+
+
+def generation_selector(graph: str, component: str, generation: str) -> dict[str, str]:
+    """The immutable selector of one generation's Deployment and PodDisruptionBudget."""
+    return {**selector_labels(graph, component), contract.LABEL_GENERATION: generation}
+
+
+def generation_of(graph: api.DynamoGraph, settings: RenderSettings) -> str:
+    """The workers' generation: a hash of what decides whether one worker's KV cache is usable by
+    another (engine and image, model, every engine argument, each pool's parallelism). Graph-wide, so
+    prefill and decode change generation together; resources, drain time and pod overrides are not
+    in it (they roll the current generation in place)."""
+    spec = graph.spec
+    identity = {
+        "model": spec.model.model_dump(by_alias=True, exclude_none=True),
+        "engine": spec.engine.model_dump(by_alias=True, exclude_none=True),
+        "image": spec.engine.image or settings.fleetpilot_image,
+        "workers": {name: {"args": worker.args, "gpus": worker.gpus,
+                           "parallelism": worker.parallelism.model_dump(by_alias=True),
+                           # Only when set, so single-node graphs keep the generation they had.
+                           **({"nodes": worker.nodes} if worker.nodes > 1 else {})}
+                    for name, worker in spec.components.workers().items()},
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def component_labels(graph: api.DynamoGraph, component: str) -> dict[str, str]:
@@ -143,8 +217,45 @@ def _role(component: str) -> str:
     return component if component in ("prefill", "decode") else "aggregated"
 
 
-def engine_command(graph: api.DynamoGraph, component: api.WorkerName) -> tuple[list[str], list[str]]:
-    """(command, args) for a worker, following each engine's own CLI and disaggregation flags."""
+def nodes_of(graph: api.DynamoGraph, component: str) -> int:
+    """Pods per replica of a component: 1, or a multinode component's group size."""
+    worker = graph.spec.components.workers().get(component)  # type: ignore[call-overload]
+    return 1 if worker is None else int(worker.nodes)
+
+
+def is_multinode(graph: api.DynamoGraph, component: str) -> bool:
+    """Whether the component's replicas are groups of pods on several nodes."""
+    return nodes_of(graph, component) > 1
+
+
+def leader_address(graph: api.DynamoGraph, component: str, leader: str) -> str:
+    """The leader pod's DNS name through the component's headless Service (the pod's hostname and
+    subdomain, which a StatefulSet sets)."""
+    return f"{leader}.{contract.child_name(graph.metadata.name, component)}.{graph.metadata.namespace}.svc"
+
+
+def group_flags(framework: str, *, nodes: int, leader: bool) -> list[str]:
+    """The engine's own multinode flags: group size, this pod's rank and the leader's address, from
+    the pod's environment (`$(VAR)`, expanded by the kubelet)."""
+    rank = "0" if leader else f"$({NODE_RANK_ENV})"
+    address = f"$({LEADER_ADDRESS_ENV})"
+    if framework == "vllm":
+        # vLLM's native multi-node mode (multiprocessing executor, no Ray); ranks > 0 serve no API.
+        flags = ["--distributed-executor-backend", "mp", "--nnodes", str(nodes), "--node-rank", rank,
+                 "--master-addr", address, "--master-port", str(GROUP_PORT)]
+        return flags if leader else [*flags, "--headless"]
+    if framework == "sglang":
+        return ["--nnodes", str(nodes), "--node-rank", rank, "--dist-init-addr", f"{address}:{GROUP_PORT}"]
+    if framework != "simulator":  # refused by the API (CEL): TensorRT-LLM needs mpirun over SSH
+        raise ValueError(f"{framework} has no multinode flags here")
+    # The simulator: the leader serves once every rank has joined its TCP rendezvous.
+    return ["--nnodes", str(nodes), "--node-rank", rank, "--master-addr", address, "--master-port", str(GROUP_PORT)]
+
+
+def engine_command(graph: api.DynamoGraph, component: api.WorkerName, *, leader: bool = True
+                   ) -> tuple[list[str], list[str]]:
+    """(command, args) for a worker, following each engine's own CLI and disaggregation flags; for a
+    multinode component, those of the group's leader (rank 0) or of its other ranks."""
     spec = graph.spec
     worker = spec.components.workers()[component]
     tp, pp = worker.parallelism.tensor, worker.parallelism.pipeline
@@ -153,6 +264,8 @@ def engine_command(graph: api.DynamoGraph, component: api.WorkerName) -> tuple[l
     disaggregated = role != "aggregated"
     framework = spec.engine.framework
     extra = [*spec.engine.args, *worker.args]
+    if worker.nodes > 1:
+        extra = [*group_flags(framework, nodes=worker.nodes, leader=leader), *extra]
 
     if framework == "vllm":
         args = ["serve", model, "--served-model-name", served, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
@@ -176,8 +289,10 @@ def engine_command(graph: api.DynamoGraph, component: api.WorkerName) -> tuple[l
             args += ["--extra_llm_api_options", f"{TRTLLM_CONFIG_DIR}/extra-llm-api-options.yaml"]
         return ["trtllm-serve"], args + extra
     # The simulator: fleetpilot's own GPU-free engine, timed by the performance model.
+    # It drains on SIGTERM by itself: in-flight streams finish and held KV is pulled, for drainSeconds.
     args = ["sim", "worker", "--role", role, "--model", served, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
-            "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
+            "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
+            "--shutdown-timeout", str(worker.drain_seconds)]
     return ["fleetpilot"], args + extra
 
 
@@ -190,12 +305,26 @@ def trtllm_extra_options(role: str) -> str:
 
 
 def frontend_command(graph: api.DynamoGraph) -> tuple[list[str], list[str]]:
-    mode = "aggregated" if graph.spec.components.aggregated is not None else "disaggregated"
+    components = graph.spec.components
+    mode = "aggregated" if components.aggregated is not None else "disaggregated"
     return ["fleetpilot"], [
         "frontend", "--model", served_model_name(graph), "--graph", graph.metadata.name,
         "--namespace", "$(POD_NAMESPACE)", "--mode", mode, "--engine", graph.spec.engine.framework,
-        "--router", graph.spec.components.frontend.router.policy, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+        "--router", components.frontend.router.policy, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+        "--drain-seconds", str(components.frontend.drain_seconds),
+        "--hold-seconds", str(components.hold_seconds()), "--hold-queue", str(components.frontend.hold_queue),
     ]
+
+
+def drain_hook(framework: str, drain_seconds: int) -> Manifest | None:
+    """A worker's preStop hook: wait until the engine has no request left (or the drain time is up)
+    before the kubelet sends SIGTERM, for engines that stop at once on SIGTERM. The frontend has
+    stopped sending it requests the moment the pod began terminating. None for the simulator, which
+    drains on SIGTERM, and for engines whose gauges we do not know."""
+    gauges = BUSY_GAUGES.get(framework)
+    if gauges is None or drain_seconds == 0:
+        return None
+    return {"exec": {"command": ["python3", "-c", _WAIT_IDLE, str(HTTP_PORT), str(drain_seconds), *gauges]}}
 
 
 # -- workload ----------------------------------------------------------------------------------------
@@ -231,11 +360,56 @@ def _probe(path: str, *, period: int, failures: int) -> Manifest:
             "timeoutSeconds": 3}
 
 
-def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings: RenderSettings) -> Manifest:
+@dataclass(frozen=True)
+class GroupMember:
+    """Which pods of a multinode group a pod template is for: the leaders (`leader` None) or the
+    workers of the leader pod named `leader`."""
+
+    leader: str | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader is None
+
+
+def _group_env(graph: api.DynamoGraph, component: str, member: GroupMember) -> list[Manifest]:
+    nodes = nodes_of(graph, component)
+    service = contract.child_name(graph.metadata.name, component)
+    if member.is_leader:
+        rank: Manifest = {"name": NODE_RANK_ENV, "value": "0"}
+        address = f"$(POD_NAME).{service}.$(POD_NAMESPACE).svc"
+    else:
+        # A worker's rank is its StatefulSet ordinal (1 … nodes − 1), which the controller labels it with.
+        rank = {"name": NODE_RANK_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{contract.LABEL_POD_INDEX}']"}}}
+        address = leader_address(graph, component, member.leader or "")
+    return [{"name": GROUP_SIZE_ENV, "value": str(nodes)}, rank, {"name": LEADER_ADDRESS_ENV, "value": address}]
+
+
+def _group_affinity(graph: api.DynamoGraph, leader: str) -> Manifest:
+    """A group's workers: each on a node of its own (no two members of one group share a node), and,
+    with spec.placement.topologyKey, in the leader's topology domain. The user's affinity is kept."""
+    affinity: Manifest = copy.deepcopy(graph.spec.pod_template.affinity or {})
+    members = {contract.LABEL_GRAPH: graph.metadata.name, contract.LABEL_GROUP: leader}
+    affinity.setdefault("podAntiAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+        {"labelSelector": {"matchLabels": members}, "topologyKey": "kubernetes.io/hostname"})
+    key = graph.spec.placement.topology_key
+    if key:
+        the_leader = {contract.LABEL_GRAPH: graph.metadata.name, "statefulset.kubernetes.io/pod-name": leader}
+        affinity.setdefault("podAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(
+            {"labelSelector": {"matchLabels": the_leader}, "topologyKey": key})
+    return affinity
+
+
+def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings: RenderSettings,
+                 *, generation: str | None = None, member: GroupMember | None = None) -> Manifest:
+    """A component's pod template; for a multinode component, that of its group leaders or of one
+    leader's workers (`member`)."""
     spec = graph.spec
     overrides = spec.pod_template
     name = contract.child_name(graph.metadata.name, component)
     env = _downward_env()
+    serving = member is None or member.is_leader  # a pod that serves HTTP (a group's workers do not)
     volumes: list[Manifest] = []
     mounts: list[Manifest] = []
     ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
@@ -244,22 +418,32 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         command, args = frontend_command(graph)
         image = settings.fleetpilot_image
         resources = _resources(0, spec.components.frontend.resources, dict(settings.frontend_requests))
-        grace = 30
+        grace = spec.components.frontend.drain_seconds + EXIT_MARGIN_SECONDS
+        lifecycle = None
         # Ready only while a request has somewhere to go (/ready: a prefill and a decode worker, or an
         # aggregated one); alive while it serves HTTP at all (/health).
         probes = {"readinessProbe": _probe("/ready", period=5, failures=3),
                   "livenessProbe": _probe("/health", period=10, failures=6)}
     else:
         worker = spec.components.workers()[component]
-        command, args = engine_command(graph, component)
+        command, args = engine_command(graph, component, leader=serving)
         image = spec.engine.image or settings.fleetpilot_image
         resources = _resources(worker.gpus, worker.resources, {})
+        if member is not None:
+            env += _group_env(graph, component, member)
         env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.engine.env]
-        grace = 120  # let in-flight generations finish before the engine exits
+        # In-flight prefills, KV transfers and streams finish before the engine exits. A group's
+        # workers stay until their leader has gone (they are its dependents), then only exit.
+        grace = (worker.drain_seconds if serving else 0) + EXIT_MARGIN_SECONDS
+        hook = drain_hook(spec.engine.framework, worker.drain_seconds) if serving else None
+        lifecycle = None if hook is None else {"preStop": hook}
         # Loading weights takes minutes; the startup probe holds liveness off until /health answers.
         probes = {"startupProbe": _probe("/health", period=5, failures=720),
                   "readinessProbe": _probe("/health", period=5, failures=3),
                   "livenessProbe": _probe("/health", period=10, failures=6)}
+        if not serving and spec.engine.framework != "simulator":
+            probes = {}  # vLLM's and SGLang's ranks > 0 serve no HTTP; the leader's health covers the group
+            ports = []
         if spec.engine.framework != "simulator":
             volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})  # NCCL needs shared memory
             mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -267,8 +451,10 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
             env += [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
                     {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)}]
             ports.append({"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"})
-        if spec.engine.framework == "sglang" and component == "prefill":
+        if spec.engine.framework == "sglang" and component == "prefill" and serving:
             ports.append({"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"})
+        if member is not None and member.is_leader:
+            ports.append({"name": "group", "containerPort": GROUP_PORT, "protocol": "TCP"})
         if spec.engine.framework == "trtllm" and component != "aggregated":
             volumes.append({"name": "trtllm-config", "configMap": {"name": f"{name}-trtllm"}})
             mounts.append({"name": "trtllm-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
@@ -282,12 +468,14 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         "command": command,
         "args": args,
         "env": env,
-        "ports": ports,
+        **({"ports": ports} if ports else {}),
         "resources": resources,
         **probes,
     }
     if mounts:
         container["volumeMounts"] = mounts
+    if lifecycle is not None:
+        container["lifecycle"] = lifecycle
 
     pod_spec: Manifest = {
         "containers": [container],
@@ -298,7 +486,9 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         pod_spec["nodeSelector"] = dict(overrides.node_selector)
     if overrides.tolerations:
         pod_spec["tolerations"] = overrides.tolerations
-    if overrides.affinity:
+    if member is not None and member.leader is not None:
+        pod_spec["affinity"] = _group_affinity(graph, member.leader)
+    elif overrides.affinity:
         pod_spec["affinity"] = overrides.affinity
     if overrides.priority_class_name:
         pod_spec["priorityClassName"] = overrides.priority_class_name
@@ -313,6 +503,15 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
 
     # The user's labels come first so they can never replace the selector.
     labels = {**overrides.labels, **component_labels(graph, component)}
+    if generation is not None:
+        labels[contract.LABEL_GENERATION] = generation
+    if member is not None:
+        labels[contract.LABEL_GROUP_ROLE] = contract.GROUP_LEADER if member.is_leader else contract.GROUP_WORKER
+        if member.leader is not None:
+            labels[contract.LABEL_GROUP] = member.leader
+        else:
+            # Held back until the group's workers exist, so the whole group meets the scheduler at once.
+            pod_spec["schedulingGates"] = [{"name": contract.GROUP_SCHEDULING_GATE}]
     metadata: Manifest = {"labels": labels}
     if overrides.annotations:
         metadata["annotations"] = dict(overrides.annotations)
@@ -335,25 +534,48 @@ def workload(
     replicas: int,
     owner: OwnerRef,
     settings: RenderSettings,
+    generation: str | None = None,
 ) -> list[Manifest]:
-    """Everything one component runs on: Deployment, Service, PDB and per-engine helpers."""
+    """Everything one component runs on: Deployment, Service, PDB and per-engine helpers. A worker
+    component's Deployment and PDB are those of one generation (the graph's current one unless
+    `generation` says otherwise); the frontend's are the component's own."""
     name = contract.child_name(graph.metadata.name, component)
     selector = selector_labels(graph.metadata.name, component)
-    objects: list[Manifest] = [
-        {
+    deployment_meta = _meta(graph, component, owner)
+    workload_selector = selector
+    spec_extra: Manifest = {}
+    if component != "frontend":
+        generation = generation or generation_of(graph, settings)
+        generation_name = contract.generation_child_name(graph.metadata.name, component, generation)
+        workload_selector = generation_selector(graph.metadata.name, component, generation)
+        deployment_meta = _meta(graph, component, owner, name=generation_name)
+        deployment_meta["labels"][contract.LABEL_GENERATION] = generation
+        # A generation that makes no progress for this long says ProgressDeadlineExceeded: a stall.
+        spec_extra["progressDeadlineSeconds"] = graph.spec.rollout.progress_deadline_seconds
+    else:
+        generation = None
+    multinode = is_multinode(graph, component)
+    if multinode:
+        runner = leader_statefulset(graph, component, replicas=replicas, metadata=deployment_meta,
+                                    generation=generation or "", settings=settings)
+    else:
+        runner = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": _meta(graph, component, owner),
+            "metadata": deployment_meta,
             "spec": {
                 "replicas": replicas,
-                "selector": {"matchLabels": selector},
+                "selector": {"matchLabels": workload_selector},
                 # Never drop below the requested capacity during a rollout; a surge pod that finds no
                 # free GPU stays Pending and the graph's status says so.
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
                 "revisionHistoryLimit": 5,
-                "template": pod_template(graph, component, settings),
+                **spec_extra,
+                "template": pod_template(graph, component, settings, generation=generation),
             },
-        },
+        }
+    objects: list[Manifest] = [
+        runner,
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -363,13 +585,17 @@ def workload(
                 "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
                 # Workers are addressed one by one by the frontend; only the frontend load-balances.
                 **({} if component == "frontend" else {"clusterIP": "None"}),
+                # A group's ranks find each other by DNS before any of them is Ready (the leader is
+                # Ready only once they have all joined).
+                **({"publishNotReadyAddresses": True} if multinode else {}),
             },
         },
         {
+            # One per generation: a node drain never takes more than one replica of either at a time.
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
-            "metadata": _meta(graph, component, owner),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+            "metadata": copy.deepcopy(deployment_meta),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": workload_selector}},
         },
     ]
     framework = graph.spec.engine.framework
@@ -383,6 +609,81 @@ def workload(
             "data": {"extra-llm-api-options.yaml": trtllm_extra_options(component)},
         })
     return objects
+
+
+# -- multinode groups ----------------------------------------------------------------------------------
+
+def leader_selector(graph: str, component: str, generation: str) -> dict[str, str]:
+    """One generation's group leaders: its leader StatefulSet's selector."""
+    return {**generation_selector(graph, component, generation), contract.LABEL_GROUP_ROLE: contract.GROUP_LEADER}
+
+
+def scale_selector(graph: api.DynamoGraph, component: str) -> dict[str, str]:
+    """What /scale counts: a component's pods, or for a multinode one its group leaders (one per replica)."""
+    selector = selector_labels(graph.metadata.name, component)
+    if is_multinode(graph, component):
+        selector[contract.LABEL_GROUP_ROLE] = contract.GROUP_LEADER
+    return selector
+
+
+def leader_statefulset(graph: api.DynamoGraph, component: api.ComponentName, *, replicas: int, metadata: Manifest,
+                       generation: str, settings: RenderSettings) -> Manifest:
+    """A multinode component's groups of one generation: a StatefulSet of their leaders, one per group.
+
+    Stable identities (`<name>-<index>`, the Service's DNS names) give the workers an address to find
+    their leader by; removing groups removes the highest indices first. Leaders start behind a
+    scheduling gate the operator lifts once their workers exist. Pods are created and removed in
+    parallel (a group's readiness is the operator's business, not the StatefulSet's ordering), and a
+    change to the pod template rolls one group at a time: a new leader pod gets new workers."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "serviceName": contract.child_name(graph.metadata.name, component),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": leader_selector(graph.metadata.name, component, generation)},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "revisionHistoryLimit": 5,
+            "template": pod_template(graph, component, settings, generation=generation, member=GroupMember()),
+        },
+    }
+
+
+def group_workers(graph: api.DynamoGraph, component: api.ComponentName, *, leader: Manifest, generation: str,
+                  settings: RenderSettings) -> Manifest:
+    """The workers of one group: a StatefulSet named like its leader pod and owned by it, with pods
+    `<leader>-1` … `<leader>-<nodes − 1>` (their rank is their ordinal). Owned by the leader, they go
+    when it has gone, after its drain; a leader replaced (a restart, a rollout) gets a new set."""
+    meta = leader["metadata"]
+    nodes = nodes_of(graph, component)
+    selector = {**generation_selector(graph.metadata.name, component, generation),
+                contract.LABEL_GROUP: meta["name"], contract.LABEL_GROUP_ROLE: contract.GROUP_WORKER}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": graph.metadata.namespace,
+            "labels": {**component_labels(graph, component), **selector},
+            # Not blockOwnerDeletion: a pod owner would need pods/finalizers rights, and nothing here
+            # deletes the leader in the foreground.
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+                                 "controller": True, "blockOwnerDeletion": False}],
+        },
+        "spec": {
+            "replicas": nodes - 1,
+            "ordinals": {"start": 1},
+            "serviceName": contract.child_name(graph.metadata.name, component),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector},
+            # Never rolled: the set lives as long as its leader, and a new leader gets a new set.
+            "updateStrategy": {"type": "OnDelete"},
+            "template": pod_template(graph, component, settings, generation=generation,
+                                     member=GroupMember(leader=meta["name"])),
+        },
+    }
 
 
 def frontend_rbac(graph: api.DynamoGraph, owner: OwnerRef) -> list[Manifest]:

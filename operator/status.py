@@ -3,7 +3,9 @@
 The last step of a reconcile, and pure: the Deployments, Pods and (when something cannot be
 scheduled) the Nodes and their pods in, the status block and its conditions out. Conditions follow
 the Kubernetes API conventions: Ready, Progressing and Degraded, each with a reason a machine can
-match and a message a person can act on.
+match and a message a person can act on. Reconciling and Stalled, derived from those, are the
+abnormal-true pair kstatus (Flux, kpt, cli-utils) reads, so GitOps tools judge a graph's health
+without knowing the kind (`kstatus_conditions`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from fleetpilot.api import v1alpha1 as api
 
 Manifest = dict[str, Any]
 GPU = "nvidia.com/gpu"
+# Every condition type the operator writes (the planner writes PlannerActive with its own field manager).
+OPERATOR_CONDITIONS = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class ComponentObservation:
     desired: int
     deployment: Manifest | None
     clamped_from: int | None = None  # the DynamoGraphComponent asked for more/fewer than the bounds allow
+    nodes: int = 1  # pods per replica: a multinode component's replicas (and counts) are groups
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class Observation:
     pods: list[Manifest] = field(default_factory=list)
     capacity: GpuCapacity | None = None
     error: tuple[str, str] | None = None  # (reason, message) when the reconcile itself failed
+    rollout: api.RolloutStatus | None = None  # the workers' generations (operator/rollout.py)
+    group_problems: list[str] = field(default_factory=list)  # multinode groups that cannot be placed whole
 
 
 def gpu_request(pod: Manifest) -> int:
@@ -145,6 +152,10 @@ def component_status(observed: ComponentObservation) -> api.ComponentStatus:
     if observed.clamped_from is not None:
         message = (f"DynamoGraphComponent asks for {observed.clamped_from} replicas, outside the graph's scaling"
                    f" bounds; running {observed.desired}")
+    if observed.nodes > 1:  # counts are groups: say so where `kubectl get dg` shows them
+        return api.ComponentStatus(desired=observed.desired, ready=ready, updated=updated,
+                                   summary=f"{ready}/{observed.desired} ×{observed.nodes} nodes", message=message,
+                                   nodes=observed.nodes)
     return api.ComponentStatus(
         desired=observed.desired, ready=ready, updated=updated, summary=f"{ready}/{observed.desired}", message=message
     )
@@ -187,18 +198,25 @@ def conditions(observation: Observation) -> list[api.Condition]:
 
     # What keeps replicas from running, most specific first: each (reason, message).
     problems: list[tuple[str, str]] = []
-    if stuck:
+    if observation.group_problems:
+        # A group partly placed holds GPUs without serving: say which pods cannot be placed, and why
+        # (its pending pods are named there, not again as Unschedulable).
+        problems.append(("GroupUnschedulable", "; ".join(observation.group_problems)))
+    elif stuck:
         problems.append(("Unschedulable", _unschedulable_message(stuck, observation.capacity)))
     problems += [failure for c in observation.components if (failure := replica_failure(c)) is not None]
     clamped = [c.name for c in observation.components if c.clamped_from is not None]
     if clamped:
         problems.append(("ReplicasOutOfBounds", "; ".join(statuses[n].message or "" for n in clamped)))
+    if observation.rollout is not None and observation.rollout.phase == "Stalled":
+        problems.append(("RolloutStalled", observation.rollout.message))
     if problems:
         degraded = _condition("Degraded", True, problems[0][0], "; ".join(m for _, m in problems), generation)
     else:
         degraded = _condition("Degraded", False, "AsExpected", "", generation)
-    # Problems that explain why replicas are missing (not a clamp, which runs what it can).
-    blocking = [p for p in problems if p[0] != "ReplicasOutOfBounds"]
+    # Problems that explain why replicas are missing (not a clamp, which runs what it can, nor a stalled
+    # rollout, whose old generation keeps serving and which Progressing states).
+    blocking = [p for p in problems if p[0] not in ("ReplicasOutOfBounds", "RolloutStalled")]
 
     if not not_ready and not rolling:
         ready = _condition("Ready", True, "AllComponentsReady", "every component has all replicas ready", generation)
@@ -211,6 +229,10 @@ def conditions(observation: Observation) -> list[api.Condition]:
         ready = _condition("Ready", False, reason, message, generation)
         progressing = _condition("Progressing", True, "RollingOut", "rolling out " + ", ".join(rolling)
                                  if rolling else message, generation)
+        if observation.rollout is not None and observation.rollout.phase != "Complete":
+            stalled = observation.rollout.phase == "Stalled"
+            progressing = _condition("Progressing", not stalled, "RolloutStalled" if stalled else "RollingOut",
+                                     observation.rollout.message, generation)
     return [ready, progressing, degraded]
 
 
@@ -230,6 +252,30 @@ def _unschedulable_message(stuck: list[Manifest], capacity: GpuCapacity | None) 
     if other:
         parts.append(other[0] if not short else f"and {len(other)} pod(s): {other[0]}")
     return "Unschedulable: " + "; ".join(parts)
+
+
+def kstatus_conditions(current: list[api.Condition], generation: int) -> list[api.Condition]:
+    """Reconciling and Stalled from Progressing and Degraded: kstatus' abnormal-true conditions.
+
+    kstatus (sigs.k8s.io/cli-utils) reads a custom resource, once `observedGeneration` caught up, as
+    InProgress while `Reconciling` is True and Failed while `Stalled` is True; only failing both does
+    it fall back to Ready, where False is InProgress: it cannot tell stuck from rolling out. So
+    Stalled is True while the graph is Degraded (waiting will not fix it: no GPUs, a name conflict,
+    bounds, a failing reconcile), else Reconciling while it rolls out; never both. They carry the
+    reason and message of the condition they mirror.
+    """
+    by_type = {c.type: c for c in current}
+    degraded, progressing = by_type.get("Degraded"), by_type.get("Progressing")
+    stalled = degraded is not None and degraded.status == "True"
+    reconciling = not stalled and progressing is not None and progressing.status == "True"
+
+    def mirror(type_: str, on: bool, source: api.Condition | None, quiet_reason: str) -> api.Condition:
+        if on and source is not None:
+            return _condition(type_, True, source.reason, source.message, generation)
+        return _condition(type_, False, quiet_reason, "", generation)
+
+    return [mirror("Reconciling", reconciling, progressing, "Reconciled"),
+            mirror("Stalled", stalled, degraded, "AsExpected")]
 
 
 # -- is a planner acting on the graph? -----------------------------------------------------------------
@@ -303,11 +349,14 @@ def graph_status(
     extra: list[api.Condition] | None = None,
 ) -> api.DynamoGraphStatus:
     """The operator's part of the status; `extra`: conditions of other types it also states (PlannerActive)."""
+    current = conditions(observation)
+    current += kstatus_conditions(current, observation.generation)
     return api.DynamoGraphStatus(
         observed_generation=observation.generation,
-        conditions=merge_transition_times([*conditions(observation), *(extra or [])], previous.conditions, now),
+        conditions=merge_transition_times([*current, *(extra or [])], previous.conditions, now),
         components={c.name: component_status(c) for c in observation.components},
         endpoint=endpoint,
+        rollout=observation.rollout,
         # No planner block: status is applied server-side per field manager, so the planner's own
         # fields and conditions stay the planner's.
     )

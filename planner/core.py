@@ -29,6 +29,7 @@ from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
 from fleetpilot.planner import conformal, lengths, predict, reactive, sizing
+from fleetpilot.planner import drift as drifts
 
 HISTORY_LIMIT = 14 * 24 * 6  # two weeks of 10-minute intervals is all any predictor looks at
 # The profile's corrections are the median of the last intervals' estimates: one interval's latencies
@@ -142,6 +143,11 @@ class GraphPlanConfig:
     # Size for the length mix the frontend's histograms give (False: every request at the mean lengths,
     # as Dynamo's planner does; the backtest compares the two).
     length_mix: bool = True
+    # spec.planner.profile: size with the speed factors and latency offsets learned from the fleet (False:
+    # from the profile as written; they are still learned, and drift still reported), and how far the
+    # fleet may differ from its profile before ProfileDrift says so.
+    auto_correct: bool = True
+    drift_threshold: float = drifts.DEFAULT_THRESHOLD
 
     def __post_init__(self) -> None:
         if not 0 < self.risk < 1:
@@ -168,12 +174,14 @@ def config_from_spec(spec: api.DynamoGraphSpec, *, startup_s: float = 120.0, hol
         predictor=planner.predictor,
         interval_s=float(planner.interval_seconds),
         bounds={pool: worker.scaling for pool, worker in workers.items()},
-        gpus_per_replica={pool: worker.gpus for pool, worker in workers.items()},
+        gpus_per_replica={pool: worker.gpus_per_replica() for pool, worker in workers.items()},  # every pod's
         gpu_budget=planner.gpu_budget,
         startup_s=startup_s,
         hold_s=hold_s if hold_s is not None else 5 * planner.interval_seconds,
         risk=planner.risk,
         reactive_period_s=float(planner.fast_path_seconds) or None,
+        auto_correct=planner.profile.auto_correct if planner.profile else True,
+        drift_threshold=planner.profile.drift_threshold if planner.profile else drifts.DEFAULT_THRESHOLD,
     )
 
 
@@ -220,6 +228,7 @@ class GraphMemory:
     # The last intervals' length histograms (None where an interval had none), for the mix to size for.
     isl_histograms: tuple[lengths.Histogram | None, ...] = ()
     osl_histograms: tuple[lengths.Histogram | None, ...] = ()
+    drift: tuple[drifts.Sample, ...] = ()  # the last intervals' TTFT and ITL against the profile
 
     def coverage(self) -> dict[str, dict[float, float]]:
         """Per load, per tracked quantile, the recent share of outcomes the calibrated quantile covered."""
@@ -245,6 +254,7 @@ class Plan:
     # below the profile's floor), `BudgetBelowMinimum` (a GPU budget under the pools' minimums). None:
     # not known this interval (holding without data: the SLA was not sized).
     warnings: tuple[tuple[str, str], ...] | None = None
+    drift: drifts.Verdict | None = None  # how far the fleet is from its profile (None: holding, not judged)
 
     @property
     def reason(self) -> str:
@@ -394,6 +404,25 @@ def interval_corrections(
         expected_itl = capacity.expected_itl_s(isl, osl, decode_rate, context_length=context)
     decode_offset = _nan_unless(observation.itl_s) - expected_itl if math.isfinite(expected_itl) else math.nan
     return sizing.Corrections(prefill_speed, decode_speed, prefill_offset, decode_offset, prefill_pooling=pooling)
+
+
+def interval_drift(config: GraphPlanConfig, capacity: capacities.CapacityModel, observation: Observation,
+                   serving: Mapping[sizing.Pool, int], estimate: sizing.Corrections, *, burst: float = 1.0,
+                   ) -> drifts.Sample:
+    """What one interval says of the profile's TTFT and ITL (`drift`): ITL from the decode speed the
+    interval estimated (`interval_corrections`: mean ITL against the profile's at the sequences held),
+    TTFT against the profile's band for the serving prefill pool at the interval's rate and prompt mix."""
+    if not observation.rate_rps or not observation.isl or not observation.osl:
+        return drifts.Sample()
+    prefill_pool: sizing.Pool = "prefill" if config.disaggregated else "aggregated"
+    part = observation.prefill_s if config.disaggregated and observation.prefill_s is not None else observation.ttft_s
+    isl_mix = observation.isl_histogram.mix() if config.length_mix and observation.isl_histogram else None
+    ttft_observed, ttft_predicted = drifts.ttft_sample(
+        capacity, observed_s=part, rate_rps=observation.rate_rps * burst, replicas=max(serving.get(prefill_pool, 1), 1),
+        isl=observation.isl, percentile=config.sla.percentile, mix=isl_mix)
+    itl = observation.itl_mean_s
+    itl_predicted = itl / estimate.decode if itl and math.isfinite(estimate.decode) and estimate.decode > 0 else math.nan
+    return drifts.Sample(ttft_observed, ttft_predicted, _nan_unless(itl), itl_predicted)
 
 
 def _median(values: tuple[float, ...] | list[float], default: float) -> float:
@@ -548,10 +577,19 @@ def plan_interval(
     max_running = memory.decode_max_running
     if config.disaggregated:
         max_running = learn_max_running(max_running, observation, serving.get("decode", 0))
+    # Intervals that measured nothing (no traffic) leave the last judgement standing.
+    sample = interval_drift(config, capacity, observation, serving, estimate, burst=interval_burst)
+    measured = sample.measured
     memory = dataclasses.replace(memory, calibration=(*memory.calibration, estimate)[-CALIBRATION_INTERVALS:],
-                                 decode_max_running=max_running)
+                                 decode_max_running=max_running,
+                                 drift=(*memory.drift, sample)[-CALIBRATION_INTERVALS:] if measured else memory.drift)
+    verdict = drifts.judge(memory.drift, threshold=config.drift_threshold)
     corrections = dataclasses.replace(calibrated(memory.calibration),
                                       decode_max_running=max_running if max_running is not None else math.nan)
+    if not config.auto_correct:
+        # The profile as written: what was learned of the fleet's speed and latency stays out of sizing.
+        corrections = dataclasses.replace(corrections, prefill=1.0, decode=1.0, prefill_offset_s=0.0,
+                                          decode_offset_s=0.0)
     size = sizing.size if config.disaggregated else sizing.size_aggregated
     most = {pool: bound.max_replicas for pool, bound in config.bounds.items()}
     desired = size(load, capacity, config.sla, corrections, most=most)
@@ -573,11 +611,12 @@ def plan_interval(
     wanted = sum(n * config.gpus_per_replica[pool] for pool, n in unbudgeted.replicas.items())
     decision = unbudgeted if config.gpu_budget is None else constrained(config.gpu_budget)
     used = forecast.predictor + (f" (fell back: {forecast.fallback})" if forecast.fallback else "")
+    notes = ["autoCorrect off: sized from the profile as written"] if not config.auto_correct and verdict.drifted else []
     plan = Plan(
-        replicas=decision.replicas, reasons=[f"at risk {config.risk:g}, {desired.reason}", *decision.reasons],
+        replicas=decision.replicas, reasons=[f"at risk {config.risk:g}, {desired.reason}", *decision.reasons, *notes],
         data_ok=True, observed=observation,
         predicted=load, corrections=corrections, forecast_error=forecast_error, predictor=used, wanted_gpus=wanted,
-        binding=decision.binding, coverage=memory.coverage(), warnings=warnings_of(config, desired),
+        binding=decision.binding, coverage=memory.coverage(), warnings=warnings_of(config, desired), drift=verdict,
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast)

@@ -2,41 +2,32 @@
 
 Why: Prometheus answers with what it scraped up to a scrape interval ago (15-30 s in most clusters),
 and a burst fills a queue in seconds. The frontends know where every request is right now
-(`fleetpilot_frontend_requests_in_phase`), whatever the engine. The live planner watches the frontend
+(`fleetpilot_frontend_requests_in_phase`), whatever the engine; and whether any request waits for a worker
+of a pool scaled to zero (`fleetpilot_frontend_held_requests`, planner/zero.py). The live planner watches the frontend
 Pods (one label-selected watch per namespace) and, when the fast path runs, reads each Ready one's
 /metrics. A reading is all or nothing: one frontend that does not answer in time makes it incomplete,
 and the caller falls back to Prometheus.
 
-`gauges_from_expositions` is pure (text in, gauges out); `read_gauges` is the HTTP adapter around it.
+`gauges_from_expositions` and `demand_from_expositions` are pure (text in, numbers out); `read_gauges` and
+`fleetpilot.scrape.read_texts` are the HTTP around them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Iterable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetpilot import scrape
 from fleetpilot.api import contract
+from fleetpilot.planner import zero
 from fleetpilot.planner.observe import EngineGauges
-
-logger = logging.getLogger("fleetpilot.planner")
-
-READ_TIMEOUT_S = 1.0  # a frontend slower than this is busy: Prometheus' older reading will do
 
 
 def phases(exposition: str) -> dict[str, float] | None:
     """Requests per phase in one frontend's /metrics text (summed over models), or None without the metric."""
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(exposition):
-        if family.name != contract.PHASE_METRIC:
-            continue
-        for sample in family.samples:
-            phase = sample.labels.get("phase", "")
-            counts[phase] = counts.get(phase, 0.0) + sample.value
-    return counts or None
+    return scrape.sum_by_label([exposition], contract.PHASE_METRIC, "phase") or None
 
 
 def gauges_from_expositions(expositions: Iterable[str]) -> EngineGauges | None:
@@ -58,18 +49,29 @@ def gauges_from_expositions(expositions: Iterable[str]) -> EngineGauges | None:
                         decode_waiting=total.get("first_token", 0.0))
 
 
+def demand_from_expositions(expositions: Iterable[str]) -> zero.Demand | None:
+    """Held and in-flight requests summed over a graph's frontends, and the least time since any of
+    them received a request; None without a frontend or when one does not export them."""
+    held = inflight = 0.0
+    idle: float | None = None
+    seen = 0
+    for text in expositions:
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name in (contract.HELD_METRIC, contract.IDLE_METRIC, contract.INFLIGHT_METRIC):
+                values[family.name] = sum(sample.value for sample in family.samples)
+        if contract.HELD_METRIC not in values or contract.IDLE_METRIC not in values:
+            return None
+        seen += 1
+        held += values[contract.HELD_METRIC]
+        inflight += values.get(contract.INFLIGHT_METRIC, 0.0)
+        idle = values[contract.IDLE_METRIC] if idle is None else min(idle, values[contract.IDLE_METRIC])
+    if not seen or idle is None:
+        return None
+    return zero.Demand(held=held, inflight=inflight, idle_s=idle)
+
+
 async def read_gauges(client: httpx.AsyncClient, urls: list[str]) -> EngineGauges | None:
     """GET every frontend's /metrics at once; None unless there was one and all of them answered."""
-
-    async def one(url: str) -> str | None:
-        try:
-            response = await client.get(url + "/metrics", timeout=READ_TIMEOUT_S)
-        except httpx.HTTPError as error:
-            logger.debug("frontend %s did not answer /metrics: %r", url, error)
-            return None
-        return response.text if response.status_code == 200 else None
-
-    texts = await asyncio.gather(*(one(url) for url in urls))
-    if any(text is None for text in texts):
-        return None
-    return gauges_from_expositions(text for text in texts if text is not None)
+    texts = await scrape.read_texts(client, urls)
+    return None if texts is None else gauges_from_expositions(texts)

@@ -23,15 +23,17 @@ from typing import Any
 import httpx
 import pydantic
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.utils import floatToGoString
 
-from fleetpilot import informer, perfmodel
+from fleetpilot import informer, perfmodel, scrape
 from fleetpilot import kube as kube_mod
 from fleetpilot.api import contract
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import core, frontends, reactive, sizing
+from fleetpilot.planner import core, frontends, reactive, sizing, zero
+from fleetpilot.planner import drift as drifts
 from fleetpilot.planner import observe as observe_mod
 from fleetpilot.planner.observe import PrometheusObserver
 
@@ -70,25 +72,47 @@ WANTED_GPUS = Gauge("fleetpilot_planner_wanted_gpus", "GPUs the decision would u
                     ["namespace", "graph"])
 GPU_BUDGET = Gauge("fleetpilot_planner_gpu_budget", "GPU cap applied this interval (own gpuBudget or budget share).",
                    ["namespace", "graph"])
-SLA_TARGET = Gauge("fleetpilot_planner_sla_target_seconds", "The graph's SLA targets the planner plans for.",
-                   ["namespace", "graph", "metric"])
+SLA_TARGET = Gauge("fleetpilot_planner_sla_target_seconds",
+                   "The graph's SLA targets the planner plans for (metric ttft or itl), with `le` the frontend's "
+                   "histogram bucket bound that resolves the target: the alert rules count the requests in it as met.",
+                   ["namespace", "graph", "metric", "le"])
+SLA_OBJECTIVE = Gauge("fleetpilot_planner_sla_objective_ratio",
+                      "The share of requests the SLA asks to meet its targets (spec.planner.sla.percentile / 100).",
+                      ["namespace", "graph"])
 BINDING = Gauge("fleetpilot_planner_binding",
                 "1 for what set each component's replicas at the last decision (forecast, bounds, hold, step-limit, "
-                "budget, no-data, fast-path), 0 for the others.", ["namespace", "graph", "component", "reason"])
+                "budget, no-data, fast-path, idle: scaled to zero), 0 for the others.", ["namespace", "graph", "component", "reason"])
 BINDINGS: tuple[sizing.Binding, ...] = typing.get_args(sizing.Binding)
 FAST_PATH = Counter("fleetpilot_planner_fast_path_scale_ups_total",
                     "Replicas the fast path added between intervals, by component.", ["namespace", "graph", "component"])
+SCALE_TO_ZERO = Counter("fleetpilot_planner_scale_to_zero_total",
+                        "Scale-to-zero actions: asleep (pools to zero after the idle window) and woken (a held "
+                        "request started them again).", ["namespace", "graph", "action"])
 FAST_PATH_READS = Counter("fleetpilot_planner_fast_path_reads_total",
                           "Fast-path readings of a graph's queues, by where they came from: the frontends "
                           "asked directly, or Prometheus when a frontend did not answer.", ["source"])
 ERRORS = Counter("fleetpilot_planner_errors_total", "Intervals that could not be planned, by reason.", ["reason"])
+# Every reason exists from the start at 0: an alert or panel on an error rate then reads a zero, not an
+# absent series (which a renamed label would look like too).
+for _reason in ("kubernetes", "profile", "no-data"):
+    ERRORS.labels(_reason)
+for _source in ("frontend", "prometheus"):
+    FAST_PATH_READS.labels(_source)
 LEADER = Gauge("fleetpilot_planner_leader",
                 "1 while this replica acts: it holds the leader Lease (--leader-elect), or runs alone without election.")
+PROFILE_DRIFT = Gauge("fleetpilot_planner_profile_drift",
+                      "1 while the graph's measured TTFT or ITL differs from its profile's beyond the threshold "
+                      "(the ProfileDrift condition), 0 while within it.", ["namespace", "graph"])
+PROFILE_DRIFT_RATIO = Gauge("fleetpilot_planner_profile_drift_ratio",
+                            "Measured over profile-predicted latency at the observed load (median of the recent "
+                            "intervals), per metric (ttft, itl).", ["namespace", "graph", "metric"])
 PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Time to plan one graph once.",
                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
 # Graphs without a shared budget planned at once (`LivePlanner.tick`): their apiserver writes overlap.
 PLAN_CONCURRENCY = 8
+
+PROFILE_DRIFT_CONDITION = "ProfileDrift"
 
 # How far back a planner that starts (or becomes leader) reads a graph's load from Prometheus: a week,
 # within what any predictor looks at (core.HISTORY_LIMIT) and what one range query returns (11,000).
@@ -100,9 +124,11 @@ WARM_START_MAX_POINTS = 10_000
 SIMULATOR_PRESET = ("llama-3.1-8b", "h200-sxm")
 
 
-def simulator_profile(tensor_parallel: int) -> profiles.Profile:
+def simulator_profile(tensor_parallel: int, *, pipeline_parallel: int = 1, nodes: int = 1) -> profiles.Profile:
+    """What a simulator replica of this parallelism does (a multinode group's: over `nodes` nodes)."""
     model = perfmodel.PerformanceModel(perfmodel.MODELS[SIMULATOR_PRESET[0]], perfmodel.GPUS[SIMULATOR_PRESET[1]],
-                                       tensor_parallel=tensor_parallel)
+                                       tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+                                       nodes=nodes)
     return profiles.from_performance_model(
         model, isls=[128, 512, 1024, 2048, 4096, 8192, 16384], contexts=[512, 1024, 2048, 4096, 8192, 16384],
         concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")
@@ -168,6 +194,29 @@ def write_order(current: Mapping[sizing.Pool, int], decided: Mapping[sizing.Pool
     return sorted(changed, key=lambda change: change[1] > current.get(change[0], 0))
 
 
+def _may_sleep(body: dict[str, Any]) -> bool:
+    """A graph in sla mode with a worker pool whose scaling.min is 0."""
+    spec = body.get("spec", {})
+    if spec.get("planner", {}).get("mode") != "sla":
+        return False
+    pools = [spec.get("components", {}).get(p) for p in api.WORKER_COMPONENTS]
+    return any(pool is not None and pool.get("scaling", {}).get("min", 1) == 0 for pool in pools)
+
+
+def rolling_out(body: dict[str, Any]) -> bool:
+    """Whether the operator reports a rollout between generations under way (status.rollout)."""
+    return ((body.get("status") or {}).get("rollout") or {}).get("phase") == "Progressing"
+
+
+def _asleep(plan: core.Plan, graph: api.DynamoGraph) -> core.Plan:
+    """The plan of a graph asleep: its pools that may be at zero stay there until a request is held."""
+    pools = [p for p, w in graph.spec.components.workers().items() if w.scaling.min_replicas == 0]
+    return dataclasses.replace(
+        plan, replicas={**plan.replicas, **{p: 0 for p in pools}},
+        binding={**plan.binding, **dict.fromkeys(pools, "idle")},
+        reasons=[*plan.reasons, f"{', '.join(pools)}: asleep (no request for spec.planner.idleSeconds)"])
+
+
 class ProfileError(Exception):
     """No usable capacity profile: the planner cannot size this graph."""
 
@@ -188,11 +237,14 @@ class LivePlanner:
         self.startup_s = startup_s
         self.hold_s = hold_s
         self.memory: dict[tuple[str, str], core.GraphMemory] = {}
+        self._sla_buckets: dict[tuple[str, str, str], str] = {}  # (namespace, graph, metric) -> le exported
         self.next_due: dict[tuple[str, str], float] = {}
         # The fast path between intervals: per graph, what its last plan was made with and decided
         # (the floor it never goes below), and when it next looks at the engines' queues.
         self.fast: dict[tuple[str, str], FastPathState] = {}
         self.next_react: dict[tuple[str, str], float] = {}
+        # Scale to zero: whether each graph that may sleep was idle at its last reading (planner/zero.py).
+        self.asleep: dict[tuple[str, str], bool] = {}
         self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
         # Graphs and their components, each kept by one watch per namespace instead of a LIST per tick.
         self.graphs = informer.Store(indexers={"budget": _budget_of})
@@ -252,12 +304,25 @@ class LivePlanner:
                    if body.get("spec", {}).get("planner", {}).get("mode", "off") != "off"
                    and not body["metadata"].get("deletionTimestamp")}
         self._forget_all_but(planned.keys())
+        for key, body in sorted(planned.items()):
+            # Every tick, for graphs that may scale to zero: a held request wakes them within a second.
+            if not _may_sleep(body):
+                self.asleep.pop(key, None)
+                continue
+            if not self.may_act():
+                return
+            try:
+                await self.wake_or_sleep(body)
+            except (kube_mod.ApiError, httpx.HTTPError) as error:
+                ERRORS.labels("kubernetes").inc()
+                logger.warning("scale to zero for %s/%s failed: %s", *key, error or type(error).__name__)
         due = [(key, body) for key, body in sorted(planned.items()) if self.next_due.get(key, 0) <= now]
         if due and self.may_act():
             await self._observe_all(due)
         # Graphs on their own are planned PLAN_CONCURRENCY at a time: their writes (status, /scale,
         # Events) are most of an interval's time, and they wait on the apiserver, not the CPU. Graphs
-        # sharing a budget go one after the other, each grant resting on the claims before it.
+        # sharing a budget go one after the other, each grant resting on the claims before it. Each
+        # plan_graph holds a graph that is rolling out or asleep as it would alone.
         alone = [(key, body) for key, body in due if not body["spec"]["planner"].get("budget")]
         slots = asyncio.Semaphore(PLAN_CONCURRENCY)
 
@@ -274,6 +339,8 @@ class LivePlanner:
             state = self.fast.get(key)
             if state is None or state.config.reactive_period_s is None or self.next_react.get(key, 0) > now:
                 continue
+            if rolling_out(body):
+                continue  # a rollout moves capacity between generations: the planner holds until it is done
             if not self.may_act():
                 return
             self.next_react[key] = now + state.config.reactive_period_s
@@ -328,6 +395,7 @@ class LivePlanner:
             self.memory.pop(key, None)
             self.fast.pop(key, None)
             self.next_react.pop(key, None)
+            self.asleep.pop(key, None)
         names = {f"{namespace}/{name}" for namespace, name in keep}
         for budget in self.ledger.budgets:
             for claim in self.ledger.claims(budget):
@@ -338,14 +406,16 @@ class LivePlanner:
         spec = graph.spec
         ref = spec.planner.profile_ref
         workers = spec.components.workers()
-        tp = next(iter(workers.values())).parallelism.tensor
+        first = next(iter(workers.values()))
+        tp, pp, nodes = first.parallelism.tensor, first.parallelism.pipeline, first.nodes
         if ref is None:
             if spec.engine.framework != "simulator":
                 raise ProfileError(f"spec.planner.profileRef is required for {spec.engine.framework} graphs:"
                                    " point it at a ConfigMap holding a capacity profile")
-            key = ("", "simulator", str(tp))
+            key = ("", "simulator", f"{tp}x{pp}/{nodes}")
             if key not in self._profiles:
-                self._profiles[key] = capacities.CapacityModel(simulator_profile(tp))
+                self._profiles[key] = capacities.CapacityModel(
+                    simulator_profile(tp, pipeline_parallel=pp, nodes=nodes))
             return self._profiles[key]
         try:
             config_map = await self.kube.get("ConfigMap", graph.metadata.namespace, ref.config_map)
@@ -378,7 +448,8 @@ class LivePlanner:
                 if not isinstance(worker, dict):
                     continue
                 replicas = self._asked(namespace, contract.child_name(name, pool))
-                used += (replicas if replicas is not None else int(worker.get("replicas", 1))) * int(worker.get("gpus", 1))
+                per_replica = int(worker.get("gpus", 1)) * int(worker.get("nodes", 1))  # every pod of a group
+                used += (replicas if replicas is not None else int(worker.get("replicas", 1))) * per_replica
         return used
 
     def _room(self, budget: str, key: tuple[str, str], config: core.GraphPlanConfig,
@@ -477,6 +548,8 @@ class LivePlanner:
             plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
         if shared_warning is not None and plan.warnings is not None:
             plan = dataclasses.replace(plan, warnings=(*plan.warnings, shared_warning))
+        if self.asleep.get(key):
+            plan = _asleep(plan, graph)
         if not self.may_act():
             return None
         if config.mode == "sla" and config.disaggregated and plan.data_ok:
@@ -487,7 +560,13 @@ class LivePlanner:
         logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
 
         changed = dict(write_order(current, plan.replicas))
-        if config.mode == "sla":
+        holding_for_rollout = config.mode == "sla" and rolling_out(body)
+        if holding_for_rollout:
+            # Advisory while generations change: the rollout sizes each generation from the totals the
+            # planner set last; a new total now would move the goalposts of a half-done rollout.
+            plan = dataclasses.replace(plan, reasons=[*plan.reasons, "holding: a rollout is in progress"])
+        scaling = config.mode == "sla" and not holding_for_rollout
+        if scaling:
             for pool, replicas in changed.items():
                 if not self.may_act():  # the Lease may have gone during the write before: not one more
                     return None
@@ -498,7 +577,7 @@ class LivePlanner:
             self.ledger.claim(budget, budget_mod.BudgetClaim(
                 graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
                 wanted_gpus=plan.wanted_gpus))
-        if config.mode == "sla" and changed:
+        if scaling and changed:
             await self._event(body, "Scaled", ", ".join(f"{p} {current[p]}→{n}" for p, n in changed.items())
                               + f": {plan.reason}")
         if not plan.data_ok:
@@ -507,9 +586,54 @@ class LivePlanner:
                                message=f"holding replicas: {observation.error or 'incomplete metrics'}")
         else:
             verb = "scaling" if config.mode == "sla" else "advising (mode advisory: replicas untouched)"
+            if holding_for_rollout:
+                verb = "advising until the rollout completes (replicas untouched)"
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}",
-                               learned=core.learned(self.memory[key]), warnings=plan.warnings)
+                               learned=core.learned(self.memory[key]), profile=capacity.profile.source,
+                               warnings=plan.warnings)
         return plan
+
+    async def wake_or_sleep(self, body: dict[str, Any]) -> dict[str, int]:
+        """Scale to zero and back (planner/zero.py) from the graph's frontends read now: wake the pools at
+        zero when a request is held, send the pools that may sleep to zero after the idle window."""
+        graph = api.DynamoGraph.model_validate(body)
+        namespace, name = graph.metadata.namespace, graph.metadata.name
+        key = (namespace, name)
+        if rolling_out(body):
+            return {}
+        pods = self.frontend_pods.by_index("graph", key)
+        urls = [url for pod in pods if (url := contract.pod_http_url(pod)) is not None]
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        texts = await scrape.read_texts(self._http, urls)
+        demand = None if texts is None else frontends.demand_from_expositions(texts)
+        if demand is None:
+            self.asleep.pop(key, None)  # unknown: never sleep on a guess
+            return {}
+        idle_window = float(graph.spec.planner.idle_seconds)
+        self.asleep[key] = zero.asleep(demand, idle_window)
+        asked, _ = await self._replicas(graph)
+        current = {str(pool): n for pool, n in asked.items()}
+        change = zero.decide(min_replicas={p: w.scaling.min_replicas for p, w in graph.spec.components.workers().items()},
+                             current=current, demand=demand, idle_window_s=idle_window)
+        if not change or not self.may_act():
+            return {}
+        for pool, replicas in change.items():
+            await self._scale(namespace, contract.child_name(name, pool), replicas)
+            DESIRED.labels(namespace, name, pool).set(replicas)
+            _set_binding(namespace, name, pool, "idle")
+        moves = ", ".join(f"{p} {current.get(p, 0)}→{n}" for p, n in change.items())
+        if demand.held > 0:
+            SCALE_TO_ZERO.labels(namespace, name, "woken").inc()
+            why = f"{demand.held:g} request(s) held by the frontend for a worker"
+            reason = "WokenUp"
+        else:
+            SCALE_TO_ZERO.labels(namespace, name, "asleep").inc()
+            why = f"no request for {demand.idle_s:.0f} s (spec.planner.idleSeconds {idle_window:g})"
+            reason = "ScaledToZero"
+        logger.info("%s/%s: %s: %s", namespace, name, moves, why)
+        await self._event(body, reason, f"{moves}: {why}")
+        return change
 
     async def _warm_start(self, namespace: str, name: str, config: core.GraphPlanConfig,
                           body: dict[str, Any]) -> core.GraphMemory:
@@ -580,6 +704,18 @@ class LivePlanner:
             self._http = httpx.AsyncClient()
         return await frontends.read_gauges(self._http, urls)
 
+    def _export_sla(self, namespace: str, name: str, sla: api.SlaTarget) -> None:
+        """The SLA as the alert rules and dashboards join it; a changed target's old bucket series goes."""
+        for metric, target_s in (("ttft", sla.ttft_ms / 1e3), ("itl", sla.itl_ms / 1e3)):
+            # The `le` text prometheus_client writes for that bound in the frontend's histograms.
+            le = floatToGoString(contract.latency_bucket(target_s))  # type: ignore[no-untyped-call]
+            before = self._sla_buckets.get((namespace, name, metric))
+            if before is not None and before != le:
+                SLA_TARGET.remove(namespace, name, metric, before)
+            self._sla_buckets[(namespace, name, metric)] = le
+            SLA_TARGET.labels(namespace, name, metric, le).set(target_s)
+        SLA_OBJECTIVE.labels(namespace, name).set(sla.percentile / 100)
+
     def _export(self, namespace: str, name: str, plan: core.Plan, config: core.GraphPlanConfig) -> None:
         HOLDING.labels(namespace, name).set(0 if plan.data_ok else 1)
         GPUS.labels(namespace, name).set(sum(n * config.gpus_per_replica[p] for p, n in plan.replicas.items()))
@@ -595,8 +731,7 @@ class LivePlanner:
             FORECAST_ERROR.labels(namespace, name).set(plan.forecast_error)
         for pool, replicas in plan.replicas.items():
             DESIRED.labels(namespace, name, pool).set(replicas)
-        SLA_TARGET.labels(namespace, name, "ttft").set(config.sla.ttft_ms / 1e3)
-        SLA_TARGET.labels(namespace, name, "itl").set(config.sla.itl_ms / 1e3)
+        self._export_sla(namespace, name, config.sla)
         for pool, why in plan.binding.items():
             _set_binding(namespace, name, pool, why)
         CORRECTION.labels(namespace, name, "prefill").set(plan.corrections.prefill)
@@ -612,21 +747,25 @@ class LivePlanner:
                 FORECAST_COVERAGE.labels(namespace, name, load, f"{level:g}").set(share)
 
     async def _report(self, body: dict[str, Any], *, plan: core.Plan | None, active: bool, reason: str,
-                      message: str, learned: dict[str, float] | None = None,
+                      message: str, learned: dict[str, float] | None = None, profile: str | None = None,
                       warnings: tuple[tuple[str, str], ...] | None = None) -> None:
-        """Apply status.planner and the planner's conditions: PlannerActive, and PlannerDegraded from
-        `warnings` (what the graph asks that the planner cannot give; None: unknown this interval, the
-        last word stands)."""
+        """Apply status.planner and the planner's conditions: PlannerActive, ProfileDrift from the plan's
+        verdict, and PlannerDegraded from `warnings` (what the graph asks that the planner cannot give;
+        None: unknown this interval, the last word stands)."""
         conditions = body.get("status", {}).get("conditions", [])
         previous = contract.find_condition(conditions, "PlannerActive") or {}
         generation = body["metadata"].get("generation", 0)
         degraded = degraded_condition(warnings, previous=conditions, generation=generation)
+        drifting = self._drift_condition(body, plan.drift if plan is not None else None, generation)
         block: dict[str, Any] = {"lastDecisionTime": contract.now_rfc3339(), "mode": body["spec"]["planner"]["mode"],
                                  "reason": message[:1024]}
+        known = (body.get("status") or {}).get("planner") or {}
         if learned:
             block["learned"] = learned
-        elif "learned" in ((body.get("status") or {}).get("planner") or {}):
-            block["learned"] = body["status"]["planner"]["learned"]  # holding: keep what is known
+        elif "learned" in known:
+            block["learned"] = known["learned"]  # holding: keep what is known
+        if profile or known.get("profile"):
+            block["profile"] = (profile or known["profile"])[:512]  # which profile the graph is sized from
         if plan is not None:
             block["replicas"] = dict(plan.replicas)
             block["binding"] = dict(plan.binding)
@@ -646,15 +785,34 @@ class LivePlanner:
             "status": {
                 "planner": block,
                 "conditions": [contract.condition("PlannerActive", active, reason, message, previous=conditions,
-                                                  generation=generation),
+                                                  generation=generation), *drifting,
                                *([degraded] if degraded is not None else [])],
             },
         }, subresource="status")
         if previous.get("reason") != reason:
             await self._event(body, reason, message, warning=not active)
-        was = contract.find_condition(conditions, PLANNER_DEGRADED) or {}
-        if degraded is not None and degraded["status"] == "True" and was.get("reason") != degraded["reason"]:
+        was_degraded = contract.find_condition(conditions, PLANNER_DEGRADED) or {}
+        if degraded is not None and degraded["status"] == "True" and was_degraded.get("reason") != degraded["reason"]:
             await self._event(body, degraded["reason"], degraded["message"], warning=True)
+        was_drifting = contract.find_condition(conditions, PROFILE_DRIFT_CONDITION) or {}
+        if drifting and drifting[0]["status"] == "True" and was_drifting.get("status") != "True":
+            await self._event(body, PROFILE_DRIFT_CONDITION, drifting[0]["message"], warning=True)
+
+    def _drift_condition(self, body: dict[str, Any], verdict: drifts.Verdict | None,
+                         generation: int) -> list[dict[str, Any]]:
+        """The ProfileDrift condition for this report: from the verdict, else (holding) the one the graph has,
+        which the planner, applying status server-side, must send again to keep."""
+        conditions = body.get("status", {}).get("conditions", [])
+        if verdict is None:
+            kept = contract.find_condition(conditions, PROFILE_DRIFT_CONDITION)
+            return [dict(kept)] if kept else []
+        meta = body["metadata"]
+        PROFILE_DRIFT.labels(meta["namespace"], meta["name"]).set(1 if verdict.drifted else 0)
+        for figure in verdict.figures:
+            PROFILE_DRIFT_RATIO.labels(meta["namespace"], meta["name"], figure.metric).set(figure.ratio)
+        status = "Unknown" if verdict.drifted is None else verdict.drifted
+        return [contract.condition(PROFILE_DRIFT_CONDITION, status, verdict.reason, verdict.message,
+                                   previous=conditions, generation=generation)]
 
     async def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         try:

@@ -395,7 +395,7 @@ class ScaleDownState:
 
 
 # What set each pool's replicas, in one word (a status field and a metric label):
-Binding = Literal["forecast", "bounds", "hold", "step-limit", "budget", "no-data", "fast-path"]
+Binding = Literal["forecast", "bounds", "hold", "step-limit", "budget", "no-data", "fast-path", "idle"]
 
 
 @dataclasses.dataclass(frozen=True)

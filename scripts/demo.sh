@@ -1,46 +1,13 @@
 #!/usr/bin/env bash
-# The demo: a local control plane with 4 simulated 8-GPU nodes, the CRDs, the operator, and a
-# disaggregated simulator DynamoGraph; prints `kubectl get dg`. `scripts/demo.sh down` stops it all.
+# The demo: fleetpilot doing its main job on a shared trace (e2e/demo.py says what runs).
+#   scripts/demo.sh [up]   bring it all up, replay 10 minutes of the Azure code trace ×4 faster, print
+#                          a table and write a timeline PNG; it stays up to explore
+#   scripts/demo.sh down   stop every process it started, by PID
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${FLEETPILOT_CACHE:-$HOME/.cache/fleetpilot}"
-export PATH="$CACHE/venv/bin:$PATH"
-state="$CACHE/clusters/dev"
-kubectl="$CACHE/k8s/${FLEETPILOT_K8S_VERSION:-v1.30.14}/bin/kubectl"
-export KUBECONFIG="$state/admin.kubeconfig"
-
-stop_operator() {
-  if [[ -f "$state/operator.pid" ]]; then
-    pid=$(cat "$state/operator.pid")
-    if kill -0 "$pid" 2>/dev/null; then kill "$pid"; echo "stopped operator (pid $pid)"; fi
-    rm -f "$state/operator.pid"
-  fi
-}
-
-if [[ "${1:-up}" == "down" ]]; then
-  stop_operator
-  fleetpilot cluster down --name dev
-  exit 0
-fi
-
-fleetpilot cluster up --name dev
-"$kubectl" apply --server-side --force-conflicts -f "$repo/crds" >/dev/null
-"$kubectl" wait --for condition=Established crd --all --timeout=60s >/dev/null
-stop_operator
-nohup fleetpilot operator run > "$state/logs/operator.log" 2>&1 &
-echo $! > "$state/operator.pid"
-echo "operator running (pid $!, log $state/logs/operator.log)"
-
-"$kubectl" apply -n default -f "$repo/manifests/samples/simulator.yaml"
-"$kubectl" wait -n default --for=condition=Ready dg/llama-8b-sim --timeout=120s >/dev/null
-"$kubectl" get -n default dg
-echo
-"$kubectl" get -n default dgc,deployments,pods -o wide
-cat <<MSG
-
-Try:  export KUBECONFIG=$KUBECONFIG
-      $kubectl scale -n default dgc/llama-8b-sim-decode --replicas=4
-      $kubectl get -n default dg -w
-Stop: scripts/demo.sh down
-MSG
+python="${FLEETPILOT_PYTHON:-$CACHE/venv/bin/python}"
+export OPENBLAS_NUM_THREADS=1
+# e2e/demo.py imports e2e's modules, never the repository root's operator/ folder.
+exec "$python" "$repo/e2e/demo.py" "${1:-up}"

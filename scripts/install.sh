@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Install everything fleetpilot needs on this machine, once; later runs only check the caches.
 #
-#   Debian packages   etcd-server (the control plane's store), prometheus (e2e and promtool)
+#   Debian packages   etcd-server (the control plane's store)
 #   Python            a virtualenv in ~/.cache/fleetpilot/venv with fleetpilot installed editable
 #   Kubernetes        kube-apiserver, -controller-manager, -scheduler, kubectl and kwok, built by
 #                     scripts/install-k8s.sh into ~/.cache/fleetpilot/
+#   Prometheus        upstream prometheus and promtool with Kubernetes discovery, built by
+#                     scripts/install-prometheus.sh (Debian's has no kubernetes_sd)
+#   Go test programs  tests/*/*/ (Argo CD's and kstatus' health checks, Grafana's dashboard model),
+#                     built into ~/.cache/fleetpilot/gotools/ when their sources change
 #   aiperf            NVIDIA's benchmark client, in its own virtualenv ~/.cache/fleetpilot/aiperf-venv
 #                     (e2e drives the frontend with it as users do)
 set -euo pipefail
@@ -16,7 +20,7 @@ mkdir -p "$CACHE"
 
 # -- Debian packages ---------------------------------------------------------------------------------
 missing=()
-for pkg in etcd-server prometheus; do
+for pkg in etcd-server; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if (( ${#missing[@]} )); then
@@ -25,7 +29,7 @@ if (( ${#missing[@]} )); then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # The packages start system services where an init system runs; the tests start their own.
-  for svc in etcd prometheus; do $sudo_cmd service "$svc" stop >/dev/null 2>&1 || true; done
+  $sudo_cmd service etcd stop >/dev/null 2>&1 || true
 fi
 
 # -- Python ------------------------------------------------------------------------------------------
@@ -55,4 +59,24 @@ fi
 
 # -- Kubernetes binaries -----------------------------------------------------------------------------
 bash "$repo/scripts/install-k8s.sh"
+
+# -- Prometheus --------------------------------------------------------------------------------------
+bash "$repo/scripts/install-prometheus.sh"
+
+# -- Go test programs --------------------------------------------------------------------------------
+# Each is rebuilt when its sources change: the stamp holds their digest (tests/unit/gotools.py checks it).
+for go_mod in "$repo"/tests/*/*/go.mod; do
+  src=$(dirname "$go_mod")
+  name=$(basename "$src")
+  digest=$(cd "$src" && cat go.mod go.sum $(LC_ALL=C ls *.go) | sha256sum | cut -c1-16)
+  if [[ "$(cat "$CACHE/gotools/$name.stamp" 2>/dev/null)" != "$digest" ]]; then
+    echo "install: building $name (${src#"$repo"/}; the health check's first build takes several minutes)"
+    started=$SECONDS
+    mkdir -p "$CACHE/gotools"
+    (cd "$src" && GOFLAGS=-mod=readonly CGO_ENABLED=0 GOTOOLCHAIN=local GOSUMDB=off \
+       nice -n 10 go build -trimpath -ldflags "-s -w" -o "$CACHE/gotools/$name" .)
+    echo "$digest" > "$CACHE/gotools/$name.stamp"
+    echo "install: built $name in $((SECONDS - started)) s"
+  fi
+done
 echo "install: done; activate with: source $VENV/bin/activate"

@@ -22,6 +22,17 @@ LABEL_COMPONENT = "fleetpilot.dev/component"
 LABEL_FRAMEWORK = "fleetpilot.dev/framework"
 #: Set on the dev cluster's kwok nodes.
 LABEL_SIMULATED_NODE = "fleetpilot.dev/simulated-node"
+#: The generation of a worker pod: a short hash of what makes its KV cache compatible with another's
+#: (engine, image, model, arguments). The frontend pairs a prefill and a decode of one generation only.
+LABEL_GENERATION = "fleetpilot.dev/generation"
+#: A multinode replica's pods: `leader` (serves HTTP, rank 0) or `worker` (the other ranks, never routed to).
+LABEL_GROUP_ROLE = "fleetpilot.dev/group-role"
+GROUP_LEADER = "leader"
+GROUP_WORKER = "worker"
+#: The group a multinode replica's pod belongs to: its leader pod's name (on the leader once it is admitted).
+LABEL_GROUP = "fleetpilot.dev/group"
+#: Set by the StatefulSet controller (Kubernetes ≥ 1.28) on each pod: its ordinal, a worker's rank.
+LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -41,17 +52,48 @@ BURST_WINDOW_S = 5.0
 #: Prometheus has it: the planner sizes from the length mix they give (`planner/lengths.py`), and the
 #: backtest histograms a trace's requests with the same bounds.
 TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, math.inf)
+#: Bucket bounds (seconds) of the frontend's latency histograms: 15% apart from 1 ms to 60 s, so a
+#: percentile read from them lands within about 7% of the exact one, finer than any SLA people set.
+LATENCY_BUCKETS = tuple(round(0.001 * 1.15**i, 6) for i in range(79)) + (60.0,)
+
+
+def latency_bucket(target_s: float) -> float:
+    """The latency bucket bound nearest (by ratio) to an SLA target: the requests in its bucket met the
+    target, as far as the histogram can tell (the alert rules' burn rates count them so)."""
+    return min(LATENCY_BUCKETS, key=lambda bound: abs(math.log(bound / target_s)))
+
+#: Requests a frontend holds because no worker could take them yet (a pool at zero, starting): the
+#: demand the planner wakes a pool scaled to zero for, read from the frontends directly.
+HELD_METRIC = "fleetpilot_frontend_held_requests"
+#: Seconds since a frontend last received a request (since it started, before the first): the
+#: planner's idle clock for scale to zero.
+IDLE_METRIC = "fleetpilot_frontend_seconds_since_last_request"
+#: Requests in flight per worker pod as a frontend counts them (label `worker`: the pod's name): the
+#: operator removes the least loaded replica first on a scale-down.
+WORKER_LOAD_METRIC = "fleetpilot_frontend_worker_inflight_requests"
+INFLIGHT_METRIC = "fleetpilot_frontend_inflight_requests"
 
 # -- annotations -----------------------------------------------------------------------------------
 
 #: A digest of the manifest the operator last applied to a child: a child whose digest and fields
 #: still match what the graph asks for needs no write.
 ANNOTATION_APPLIED = "fleetpilot.dev/applied-digest"
+#: Kubernetes' own: of a ReplicaSet's Ready pods, the one with the lowest cost is removed first on a
+#: scale-down. The operator sets it from the frontends' per-worker load before lowering replicas.
+ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: On a multinode group's leader pod: the uids of the worker pods the group formed with. A worker
+#: that is not among them (replaced) or one of them gone means the group lost a member: it restarts.
+ANNOTATION_GROUP_MEMBERS = "fleetpilot.dev/group-members"
+#: The scheduling gate a multinode group's leader pod is created with; the operator lifts it once the
+#: group's workers exist, so that the whole group goes to the scheduler at once.
+GROUP_SCHEDULING_GATE = "fleetpilot.dev/group-admission"
 
 # -- identities: field managers, Lease names, Event sources ----------------------------------------
 
 OPERATOR = "fleetpilot-operator"
 PLANNER = "fleetpilot-planner"
+#: `fleetpilot profile --apply` writes the profile's ConfigMap as this field manager.
+PROFILER = "fleetpilot-profiler"
 #: The operator's children say they are managed by it (`app.kubernetes.io/managed-by`).
 MANAGED_BY = OPERATOR
 
@@ -71,6 +113,16 @@ def child_name(graph: str, component: str) -> str:
 
 def graph_selector(graph: str) -> dict[str, str]:
     return {LABEL_GRAPH: graph}
+
+
+def generation_child_name(graph: str, component: str, generation: str) -> str:
+    """`<graph>-<component>-<generation>`: a worker component's Deployment and PDB of one generation."""
+    return f"{graph}-{component}-{generation}"
+
+
+def is_group_worker(pod: dict[str, Any]) -> bool:
+    """A non-leader pod of a multinode replica: it holds ranks of the leader's engine and serves nobody."""
+    return bool(pod.get("metadata", {}).get("labels", {}).get(LABEL_GROUP_ROLE) == GROUP_WORKER)
 
 
 def pod_http_url(pod: dict[str, Any], *, default_port: int = 8000) -> str | None:
@@ -94,6 +146,11 @@ def pod_http_url(pod: dict[str, Any], *, default_port: int = 8000) -> str | None
 def rfc3339(moment: datetime.datetime) -> str:
     """Kubernetes' metav1.Time: UTC, whole seconds."""
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str) -> float:
+    """metav1.Time (whole seconds or fractions, `Z` or an offset) as seconds since the epoch."""
+    return datetime.datetime.fromisoformat(text).timestamp()  # Python 3.11 reads "Z"
 
 
 def now_rfc3339() -> str:

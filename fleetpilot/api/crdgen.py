@@ -145,6 +145,14 @@ def dynamograph_crd() -> dict[str, Any]:
             " so that child names like <name>-aggregated fit in 63",
         },
         {
+            "rule": " || ".join(f"(has(self.spec.components.{worker}) && self.spec.components.{worker}.nodes > 1)"
+                                for worker in v1alpha1.WORKER_COMPONENTS)
+            + f" ? self.metadata.name.size() <= {v1alpha1.MAX_MULTINODE_GRAPH_NAME_LENGTH} : true",
+            "message": f"metadata.name must be at most {v1alpha1.MAX_MULTINODE_GRAPH_NAME_LENGTH} characters when a"
+            " component spans nodes: its groups' StatefulSets are named"
+            f" <name>-<component>-<generation>-<index>, at most {v1alpha1.MAX_STATEFULSET_NAME_LENGTH}",
+        },
+        {
             "rule": f"self.metadata.name.matches('{v1alpha1.DNS1035_LABEL}')",
             "message": "metadata.name must be a DNS-1035 label (lower-case letters, digits and '-',"
             " starting with a letter) because it names Services",
@@ -183,6 +191,7 @@ def dynamographcomponent_crd() -> dict[str, Any]:
             _column("Component", ".spec.component"),
             _column("Desired", ".spec.replicas", "integer"),
             _column("Ready", ".status.readyReplicas", "integer"),
+            _column("Nodes", ".status.nodes", "integer"),
             _column("Min", ".spec.minReplicas", "integer", priority=1),
             _column("Max", ".spec.maxReplicas", "integer", priority=1),
             _column("Age", ".metadata.creationTimestamp", "date"),

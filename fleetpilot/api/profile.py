@@ -15,6 +15,8 @@ The format mirrors the measurements it holds:
   tokens/s per GPU. Each context length is one row of at least two concurrencies, so ITL can be
   interpolated along concurrency in every row and across rows along context length.
 - `kv_capacity_tokens`: KV-cache tokens one replica holds (all its GPUs together).
+- `prefill_batched` (optional): TTFT of `batch` prompts sent at once, as `fleetpilot profile` measures
+  it; informational (the capacity model reads the lone prefill points).
 
 Field names are snake_case like the CSV columns they come from (this is a data file in a ConfigMap,
 not a Kubernetes object, so it does not take the API's camelCase). Points may be given in any order;
@@ -49,6 +51,19 @@ class PrefillPoint(_ProfileModel):
     tokens_per_s_per_gpu: float = Field(gt=0, description="Prefill throughput, tokens/s per GPU.")
 
 
+class PrefillBatchPoint(_ProfileModel):
+    """`batch` prompts of `isl` tokens sent at once: how long until the last of them has its first token.
+
+    Measured by `fleetpilot profile` for people reading a profile (how far batching prompts helps); the
+    planner's capacity model reads the lone points.
+    """
+
+    isl: int = Field(ge=1, description="Input sequence length, tokens.")
+    batch: int = Field(ge=2, description="Prompts sent at once.")
+    ttft_ms: float = Field(gt=0, description="Time to the last prompt's first token, milliseconds.")
+    tokens_per_s_per_gpu: float = Field(gt=0, description="batch × isl / ttft, per GPU.")
+
+
 class DecodePoint(_ProfileModel):
     """`concurrency` sequences of `context_length` tokens decoding together."""
 
@@ -69,6 +84,8 @@ class Profile(_ProfileModel):
     gpus_per_replica: int = Field(default=1, ge=1, le=512, description="GPUs one replica uses (TP × PP).")
     kv_capacity_tokens: int = Field(ge=1, description="KV-cache tokens one replica holds.")
     prefill: tuple[PrefillPoint, ...] = Field(min_length=2, description="Prefill points, at least two ISLs.")
+    prefill_batched: tuple[PrefillBatchPoint, ...] = Field(
+        default=(), description="TTFT of prompts sent together, per (ISL, batch); informational.")
     decode: tuple[DecodePoint, ...] = Field(min_length=2, description="Decode grid over (context, concurrency).")
     source: str = Field(default="", description="Where the numbers came from, for people reading a decision.")
 

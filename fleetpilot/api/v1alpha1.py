@@ -31,6 +31,14 @@ ALL_COMPONENTS: tuple[ComponentName, ...] = ("frontend", *WORKER_COMPONENTS)
 # Child objects are named "<graph>-<component>" and Services must be DNS-1035 labels (63 chars).
 MAX_GRAPH_NAME_LENGTH = 63 - len("-aggregated")
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# A multinode group's workers are a StatefulSet named "<graph>-<component>-<generation>-<group index>"
+# (index < 1000); a StatefulSet's name must leave room for its pods' controller-revision-hash label
+# ("<name>-<10 characters>", a label value of at most 63): 52 characters.
+MAX_STATEFULSET_NAME_LENGTH = 52
+MAX_MULTINODE_GRAPH_NAME_LENGTH = MAX_STATEFULSET_NAME_LENGTH - len("-aggregated-12345678-999")
+#: A Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of at most 63 characters.
+LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 def _preserve_unknown(description: str) -> Any:
@@ -124,12 +132,39 @@ class RouterSpec(ApiModel):
     )
 
 
+#: Seconds a pod may take to finish what it serves before it goes (the default of `drainSeconds`).
+DEFAULT_DRAIN_SECONDS = 120
+#: How long a frontend holds a request for a worker when a pool may scale to zero and none is ready.
+DEFAULT_HOLD_SECONDS = 300
+
+
+def _drain_seconds() -> Any:
+    return Field(
+        default=DEFAULT_DRAIN_SECONDS, ge=0, le=3600,
+        description=("Seconds a pod that is going away (scale-down, rollout, node drain) may take to finish the "
+                     "requests it serves — prefills, KV transfers, decode streams — after it stopped getting new "
+                     "ones; its terminationGracePeriodSeconds. Longer than the longest generation you serve."),
+    )
+
+
 class FrontendSpec(ApiModel):
     """The OpenAI-compatible router in front of the workers."""
 
     replicas: int = Field(default=1, ge=1, le=100, description="Initial frontend replicas.")
     router: RouterSpec = _defaulted(RouterSpec)
     resources: ResourceRequirements | None = None
+    drain_seconds: int = _drain_seconds()
+    hold_seconds: int | None = Field(
+        default=None, ge=0, le=3600,
+        description=("How long a request waits in the frontend for a worker when none is ready (a pool scaled to "
+                     "zero and starting, a rollout's gap), then 503 with Retry-After. Default: "
+                     f"{DEFAULT_HOLD_SECONDS} when a worker pool may scale to zero (scaling.min 0), else 0 "
+                     "(503 at once)."),
+    )
+    hold_queue: int = Field(
+        default=256, ge=1, le=100_000,
+        description="Most requests held at once per frontend; one more gets 503 with Retry-After at once.",
+    )
 
 
 class WorkerSpec(ApiModel):
@@ -142,8 +177,9 @@ class WorkerSpec(ApiModel):
                 "replicas must lie within scaling.min and scaling.max",
             ),
             (
-                "self.parallelism.tensor * self.parallelism.pipeline == self.gpus",
-                "gpus must equal parallelism.tensor × parallelism.pipeline (the GPUs one replica's engine uses)",
+                "self.parallelism.tensor * self.parallelism.pipeline == self.gpus * self.nodes",
+                ("gpus × nodes must equal parallelism.tensor × parallelism.pipeline (the GPUs one replica's engine "
+                 "uses: gpus on each of its nodes pods)"),
             ),
         )
     )
@@ -154,11 +190,23 @@ class WorkerSpec(ApiModel):
         le=1000,
         description="Initial replicas only: afterwards the DynamoGraphComponent's spec.replicas is the truth.",
     )
-    gpus: int = Field(default=1, ge=1, le=64, description="nvidia.com/gpu per replica.")
+    gpus: int = Field(default=1, ge=1, le=64,
+                      description="nvidia.com/gpu per pod: a replica of `nodes` pods uses gpus × nodes.")
+    nodes: int = Field(
+        default=1, ge=1, le=64,
+        description=("Pods in one replica, each on its own GPU node: a leader, which serves, and nodes − 1 workers "
+                     "holding the rest of its tensor and pipeline ranks. Such a replica is a group, started, placed "
+                     "(spec.placement), scaled, healed and updated as one: replicas and /scale count groups."),
+    )
     parallelism: Parallelism = _defaulted(Parallelism)
     scaling: ScalingBounds = _defaulted(ScalingBounds)
     args: list[str] = Field(default_factory=list, description="Extra engine flags for this component.")
     resources: ResourceRequirements | None = None
+    drain_seconds: int = _drain_seconds()
+
+    def gpus_per_replica(self) -> int:
+        """The GPUs one replica holds: every pod of its group."""
+        return self.gpus * self.nodes
 
 
 class ComponentsSpec(ApiModel):
@@ -186,6 +234,20 @@ class ComponentsSpec(ApiModel):
         pools: dict[WorkerName, WorkerSpec | None] = {
             "prefill": self.prefill, "decode": self.decode, "aggregated": self.aggregated}
         return {name: spec for name, spec in pools.items() if spec is not None}
+
+    def multinode(self) -> bool:
+        """Whether some worker pool's replicas span several nodes (groups of pods)."""
+        return any(worker.nodes > 1 for worker in self.workers().values())
+
+    def may_scale_to_zero(self) -> bool:
+        """Whether some worker pool may have no replica at all (its scaling.min is 0)."""
+        return any(worker.scaling.min_replicas == 0 for worker in self.workers().values())
+
+    def hold_seconds(self) -> int:
+        """How long the frontend holds a request for a worker: the spec's, or its default."""
+        if self.frontend.hold_seconds is not None:
+            return self.frontend.hold_seconds
+        return DEFAULT_HOLD_SECONDS if self.may_scale_to_zero() else 0
 
 
 class PodTemplateOverrides(ApiModel):
@@ -216,6 +278,39 @@ class ProfileRef(ApiModel):
 
     config_map: str = Field(min_length=1)
     key: str = Field(default="profile.json", min_length=1)
+
+
+class ProfileSettings(ApiModel):
+    """How the planner holds the capacity profile against the running fleet."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            ("!has(self.driftThreshold) || (self.driftThreshold >= 0.05 && self.driftThreshold <= 1.0)",
+             ("planner.profile.driftThreshold must lie from 0.05 to 1.0: the share by which measured TTFT or ITL may "
+             "differ from the profile's before ProfileDrift is set, e.g. 0.2")),
+        )
+    )
+
+    auto_correct: bool = Field(
+        default=True,
+        description=("Size with the speed factors and latency offsets the planner learns from the fleet (bounded; "
+                     "exported as fleetpilot_planner_correction_factor and _latency_offset_seconds). false: size "
+                     "from the profile as written; drift is still measured and reported."),
+    )
+    drift_threshold: float = Field(
+        default=0.2,
+        description=("How far measured TTFT or ITL may differ from what the profile predicts at the observed load "
+                     "(a share: 0.2 is 20%), sustained over the planner's calibration window, before the graph's "
+                     "ProfileDrift condition turns True."),
+    )
+
+    @field_validator("drift_threshold")
+    @classmethod
+    def _threshold_in_range(cls, threshold: float) -> float:
+        if not 0.05 <= threshold <= 1.0:
+            raise ValueError("planner.profile.driftThreshold must lie from 0.05 to 1.0: the share by which measured "
+                             "TTFT or ITL may differ from the profile's before ProfileDrift is set, e.g. 0.2")
+        return threshold
 
 
 class PlannerSpec(ApiModel):
@@ -265,12 +360,54 @@ class PlannerSpec(ApiModel):
     priority: int = Field(default=0, ge=-1000, le=1000,
                           description="Within a shared budget, higher priority is served first.")
     profile_ref: ProfileRef | None = None
+    idle_seconds: int = Field(
+        default=300, ge=10, le=86_400,
+        description=("Scale to zero: after no request for this long, the planner (mode sla) scales the worker pools "
+                     "whose scaling.min is 0 to no replica; the frontend stays, holds the next request and wakes "
+                     "the planner, which starts them again."),
+    )
+    profile: ProfileSettings | None = Field(
+        default=None, description="How the planner treats the profile's drift from the fleet (defaults when absent).")
 
 
-# The GPUs a graph's worker pools need at their scaling.min, in CEL over DynamoGraphSpec (scaling and
-# gpus are defaulted, so present on every stored pool).
+class RolloutSpec(ApiModel):
+    """How a new generation of the workers replaces the old one."""
+
+    progress_deadline_seconds: int = Field(
+        default=600, ge=30, le=86_400,
+        description=("A new generation that makes no progress (no new replica Ready) for this long stalls the "
+                     "rollout: the old generation keeps serving and the graph says Degraded=RolloutStalled. A "
+                     "crash-looping or unpullable new generation stalls at once."),
+    )
+
+
+#: How long a multinode group may hold some of its nodes' GPUs while others cannot be placed.
+DEFAULT_GROUP_SCHEDULING_TIMEOUT_SECONDS = 300
+
+
+class PlacementSpec(ApiModel):
+    """Where the pods of a multinode replica go: each on its own node, all in one topology domain."""
+
+    topology_key: str | None = Field(
+        default=None, max_length=316, pattern=LABEL_KEY,
+        description=("A node label naming a topology domain (a rack, an NVLink domain), e.g. "
+                     "topology.kubernetes.io/zone or example.com/rack: every pod of a multinode replica runs on a "
+                     "node with the leader's value of it (required affinity). Unset: anywhere, one pod per node."),
+    )
+    group_scheduling_timeout_seconds: int = Field(
+        default=DEFAULT_GROUP_SCHEDULING_TIMEOUT_SECONDS, ge=5, le=3600,
+        description=("A multinode replica partly placed for this long (some pods hold GPUs, others cannot be "
+                     "scheduled) is reported (Degraded=GroupUnschedulable) and its pods are released, so that "
+                     "their GPUs do not deadlock other groups; it is tried again after about as long. Kubernetes "
+                     "1.30 has no gang scheduling: this is the stand-in."),
+    )
+
+
+# The GPUs a graph's worker pools need at their scaling.min, in CEL over DynamoGraphSpec (scaling, gpus
+# and nodes are defaulted, so present on every stored pool; a replica holds gpus × nodes).
 _MIN_GPUS_CEL = " + ".join(
-    f"(has(self.components.{pool}) ? self.components.{pool}.scaling.min * self.components.{pool}.gpus : 0)"
+    f"(has(self.components.{pool}) ? self.components.{pool}.scaling.min * self.components.{pool}.gpus"
+    f" * self.components.{pool}.nodes : 0)"
     for pool in WORKER_COMPONENTS)
 
 
@@ -286,8 +423,14 @@ class DynamoGraphSpec(ApiModel):
              ("planner.profileRef is required when planner.mode is advisory or sla and engine.framework is not "
               "simulator: point it at a ConfigMap holding the engine's capacity profile, or set planner.mode: off")),
             (f"!has(self.planner.gpuBudget) || self.planner.gpuBudget >= {_MIN_GPUS_CEL}",
-             ("planner.gpuBudget must cover the worker pools' minimums (scaling.min × gpus, summed): raise "
+             ("planner.gpuBudget must cover the worker pools' minimums (scaling.min × gpus × nodes, summed): raise "
               "gpuBudget or lower scaling.min")),
+            (
+                "self.engine.framework != 'trtllm' || "
+                + " && ".join(f"(!has(self.components.{w}) || self.components.{w}.nodes == 1)" for w in WORKER_COMPONENTS),
+                ("nodes must be 1 with engine.framework trtllm: TensorRT-LLM's multinode launch (mpirun over SSH "
+                 "between a group's pods) is not rendered by fleetpilot; use vllm or sglang for multinode replicas"),
+            ),
         )
     )
 
@@ -296,6 +439,8 @@ class DynamoGraphSpec(ApiModel):
     components: ComponentsSpec
     pod_template: PodTemplateOverrides = _defaulted(PodTemplateOverrides)
     planner: PlannerSpec = _defaulted(PlannerSpec)
+    rollout: RolloutSpec = _defaulted(RolloutSpec)
+    placement: PlacementSpec = _defaulted(PlacementSpec)
 
 
 class Condition(ApiModel):
@@ -317,6 +462,24 @@ class ComponentStatus(ApiModel):
     updated: int = 0
     summary: str = Field(default="0/0", description="ready/desired, for kubectl get.")
     message: str | None = None
+    nodes: int | None = Field(default=None, description="Pods per replica of a multinode component (replicas are groups).")
+
+
+class GenerationStatus(ApiModel):
+    """One generation of the graph's workers: its replicas per component."""
+
+    name: str = Field(description="The generation: a hash of the engine, image, model and arguments it runs.")
+    components: dict[str, ComponentStatus] = Field(default_factory=dict)
+
+
+class RolloutStatus(ApiModel):
+    """Where the workers stand between generations."""
+
+    target: str = Field(description="The generation the spec asks for.")
+    phase: Literal["Complete", "Progressing", "Stalled"] = "Complete"
+    message: str = ""
+    reason: str | None = Field(default=None, description="Why the rollout stalled.")
+    generations: list[GenerationStatus] = Field(default_factory=list, description="Newest (the target) first.")
 
 
 class DynamoGraphStatus(ApiModel):
@@ -330,6 +493,7 @@ class DynamoGraphStatus(ApiModel):
     components: dict[str, ComponentStatus] = Field(default_factory=dict)
     endpoint: str | None = None
     planner: dict[str, Any] | None = _preserve_unknown("The planner's last decision and why.")
+    rollout: RolloutStatus | None = None
 
 
 class DynamoGraphComponentSpec(ApiModel):
@@ -368,6 +532,13 @@ class DynamoGraphComponentStatus(ApiModel):
     ready_replicas: int = 0
     selector: str = Field(default="", description="Label selector of the component's pods (for /scale).")
     observed_generation: int | None = None
+    nodes: int | None = Field(
+        default=None, description="Pods per replica: a multinode replica is a group of this many; replicas count groups.")
+    released_groups: dict[str, str] | None = Field(
+        default=None,
+        description=("Multinode groups released because they could not be placed whole, and when (RFC 3339); each "
+                     "is tried again after about spec.placement.groupSchedulingTimeoutSeconds."),
+    )
 
 
 class ObjectMeta(ApiModel):

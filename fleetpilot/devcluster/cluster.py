@@ -36,6 +36,7 @@ from fleetpilot.devcluster.processes import terminate_group
 
 K8S_VERSION = os.environ.get("FLEETPILOT_K8S_VERSION", "v1.30.14")
 KWOK_VERSION = os.environ.get("FLEETPILOT_KWOK_VERSION", "v0.8.0")
+PROMETHEUS_VERSION = os.environ.get("FLEETPILOT_PROMETHEUS_VERSION", "v3.16.0")
 CACHE = Path(os.environ.get("FLEETPILOT_CACHE", Path.home() / ".cache" / "fleetpilot"))
 SERVICE_CIDR = "127.96.0.0/16"  # inside loopback: a dialled ClusterIP never leaves the machine
 SERVICE_IP = "127.96.0.1"
@@ -94,6 +95,11 @@ class ClusterConfig:
 
 def k8s_bin(name: str) -> Path:
     return CACHE / "k8s" / K8S_VERSION / "bin" / name
+
+
+def prometheus_bin(name: str = "prometheus") -> Path:
+    """Upstream Prometheus or promtool, built by scripts/install-prometheus.sh (with Kubernetes discovery)."""
+    return CACHE / "prometheus" / PROMETHEUS_VERSION / "bin" / name
 
 
 def kwok_bin() -> Path:

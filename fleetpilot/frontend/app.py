@@ -55,12 +55,22 @@ logger = logging.getLogger("fleetpilot.frontend")
 
 QUARANTINE_SECONDS = 5.0
 TOKENIZE_TIMEOUT_S = 5.0
-CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
+# Failures before any byte of the answer came back, worth another worker: refused, or a kept-alive
+# connection the worker closed or reset as the request went out (it drains and closes what is idle, or
+# its keep-alive timeout struck): the request never reached an engine, or reached one that is gone.
+REFUSED = (httpx.ConnectError, httpx.ConnectTimeout)
+CONNECT_ERRORS = (*REFUSED, httpx.RemoteProtocolError, httpx.ReadError)
+#: Idle upstream connections are closed before the workers' own keep-alive timeout (uvicorn's 5 s),
+#: so the frontend never sends on a connection the worker is closing at that moment.
+KEEPALIVE_EXPIRY_S = 4.0
+#: What a 503 tells a client to wait before it tries again: about what a held request would have
+#: waited for a replica to start, short enough that a client retrying sees the workers come up.
+RETRY_AFTER_S = 10
 
 
-def unavailable(message: str) -> ApiError:
-    """No worker could take the request: 503, worth retrying."""
-    return ApiError(message, status=503, type="service_unavailable", code="no_worker")
+def unavailable(message: str, *, code: str = "no_worker") -> ApiError:
+    """No worker could take the request: 503, worth retrying after Retry-After."""
+    return ApiError(message, status=503, type="service_unavailable", code=code, retry_after_s=RETRY_AFTER_S)
 
 
 def worker_failed(role: str, request_id: str) -> ApiError:
@@ -153,6 +163,8 @@ class Frontend:
         retries: int = 3,
         request_timeout: float = 600.0,
         max_model_len: int | None = None,
+        hold_seconds: float = 0.0,
+        hold_queue: int = 256,
     ) -> None:
         if mode not in ("disaggregated", "aggregated"):
             raise ValueError(f"mode must be disaggregated or aggregated, not {mode!r}")
@@ -164,19 +176,79 @@ class Frontend:
         self.metrics = metrics or FrontendMetrics()
         for phase in PHASES:  # every phase exported from the start, at 0: "none waiting" is a reading too
             self.metrics.in_phase.labels(model, phase)
+        for status in ("ok", "error", "cancelled"):  # so is every outcome: an error ratio of 0 is a reading
+            self.metrics.requests.labels(model, status)
         self.retries = retries
         self.request_timeout = request_timeout
         self.max_model_len = max_model_len  # the flag's, else learned from the first worker that counts a prompt
         self.tokenize_supported = True  # until a worker answers /tokenize with 404: then the engine checks alone
-        self.load: dict[str, int] = defaultdict(int)
+        self.load: dict[str, int] = defaultdict(int)  # in flight per worker URL
+        self.names: dict[str, str] = {}  # worker URL -> pod name, for the per-worker load metric
+        # Requests that arrive while no worker can take them wait here (scale from zero, a gap in a
+        # rollout): at most `hold_queue` at once, each for up to `hold_seconds`; 0 answers 503 at once.
+        self.hold_seconds = hold_seconds
+        self.hold_queue = hold_queue
+        self.held = 0
+        self._workers_changed = asyncio.Event()
+        discovery.on_change(self._wake_held)
+        self.last_arrival = time.monotonic()  # the idle clock starts with the process
+        self.metrics.idle.labels(model).set_function(lambda: time.monotonic() - self.last_arrival)
+        self.metrics.held.labels(model)
+        self.metrics.track_worker_load(model, self._worker_loads)
         self.quarantined: dict[str, float] = {}
         self.prefix_cache = routing.PrefixCache()  # a model of the workers' KV caches, for any policy
         self.arrivals: deque[float] = deque()  # arrival times within the trailing burst window
         self.draining = False
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout, connect=3.0),
-            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512),
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
+
+    def _worker_loads(self) -> dict[str, int]:
+        """Requests in flight per worker pod, for the metric a scale-down reads (idle workers left out)."""
+        return {self.names.get(url, url): n for url, n in self.load.items() if n > 0}
+
+    def _wake_held(self) -> None:
+        """The workers changed: every held request looks again (a fresh event for the next change)."""
+        self._workers_changed.set()
+        self._workers_changed = asyncio.Event()
+
+    def _servable(self) -> bool:
+        """Whether a request sent now has a worker (a prefill with a decode of its generation)."""
+        if self.mode == "disaggregated":
+            return bool(routing.paired(self.discovery.workers("prefill"), self.discovery.workers("decode")))
+        return bool(self.discovery.workers("aggregated"))
+
+    async def _hold(self, tracker: Tracker) -> None:
+        """Wait until a worker can take the request: at once when one can, else in the bounded queue for
+        up to `hold_seconds`; a full queue or the timeout is a 503 with Retry-After. The held-requests
+        gauge is the demand the planner wakes a pool scaled to zero for."""
+        if self._servable():
+            return
+        if self.hold_seconds <= 0:
+            return  # no holding: routing answers 503 with Retry-After at once
+        if self.held >= self.hold_queue:
+            self.metrics.held_outcomes.labels(self.model, "queue_full").inc()
+            raise unavailable(f"no worker is ready for model {self.model} and {self.held} requests already wait "
+                              f"for one; retry after {RETRY_AFTER_S} s", code="hold_queue_full")
+        self.held += 1
+        self.metrics.held.labels(self.model).inc()
+        started = time.monotonic()
+        logger.info("request %s: no worker ready; holding it (%d held)", tracker.request_id, self.held)
+        try:
+            async with asyncio.timeout(self.hold_seconds):
+                while not self._servable():
+                    await self._workers_changed.wait()
+        except TimeoutError:
+            self.metrics.held_outcomes.labels(self.model, "timeout").inc()
+            raise unavailable(f"no worker for model {self.model} became ready within {self.hold_seconds:g} s; "
+                              f"retry after {RETRY_AFTER_S} s", code="hold_timeout") from None
+        finally:
+            self.held -= 1
+            self.metrics.held.labels(self.model).dec()
+        self.metrics.held_outcomes.labels(self.model, "served").inc()
+        logger.info("request %s: a worker is ready after %.2f s held", tracker.request_id, time.monotonic() - started)
 
     def _count_arrival(self, now: float) -> None:
         """Observe the arrival rate this request arrived into over the trailing burst window: the
@@ -188,18 +260,28 @@ class Frontend:
 
     # -- choosing workers ----------------------------------------------------------------------------
 
-    def _candidates(self, role: str, tried: set[str]) -> list[routing.Worker]:
+    def _candidates(self, role: str, tried: set[str], generation: str | None = None) -> list[routing.Worker]:
+        """Workers of `role` not yet tried. In a disaggregated graph a request's prefill goes only to a
+        generation that has decode workers too, and its decode (`generation` given) to the prefill's
+        generation: a KV cache never crosses generations (engine or model versions)."""
         now = time.monotonic()
-        workers = [w for w in self.discovery.workers(role) if w.url not in tried]
+        workers = self.discovery.workers(role)
+        if role == "prefill" and self.mode == "disaggregated":
+            workers = routing.paired(workers, self.discovery.workers("decode"))
+        if generation is not None:
+            workers = routing.same_generation(workers, generation)
+        workers = [w for w in workers if w.url not in tried]
         healthy = [w for w in workers if self.quarantined.get(w.url, 0) <= now]
         return healthy or workers  # when all are quarantined, trying one beats failing outright
 
-    def _pick(self, role: str, policy: routing.Policy, blocks: list[int], tried: set[str]) -> routing.Worker:
-        candidates = self._candidates(role, tried)
+    def _pick(self, role: str, policy: routing.Policy, blocks: list[int], tried: set[str],
+              generation: str | None = None) -> routing.Worker:
+        candidates = self._candidates(role, tried, generation)
         if not candidates:
             raise unavailable(f"no ready {role} worker for model {self.model}; retry later")
         worker = policy.choose(candidates, load=self.load, prompt_blocks=blocks)
         policy.routed(worker, blocks)
+        self.names[worker.url] = worker.name or worker.url
         if role != "decode":  # where the prompt's KV is computed: count what was probably cached
             self.metrics.prefix_query_blocks.labels(self.model).inc(len(blocks))
             self.metrics.prefix_hit_blocks.labels(self.model).inc(self.prefix_cache.match(worker.url, blocks))
@@ -208,25 +290,26 @@ class Frontend:
 
     async def _with_retries(
         self, role: str, policy: routing.Policy, blocks: list[int],
-        attempt: Callable[[routing.Worker], Awaitable[Any]], request_id: str,
+        attempt: Callable[[routing.Worker], Awaitable[Any]], request_id: str, generation: str | None = None,
     ) -> Any:
         """Run `attempt` on a worker; on a refused connection, quarantine it and try another."""
         tried: set[str] = set()
         last: Exception | None = None
         for _ in range(self.retries):
-            worker = self._pick(role, policy, blocks, tried)
+            worker = self._pick(role, policy, blocks, tried, generation)
             tried.add(worker.url)
             self.load[worker.url] += 1
             try:
                 return await attempt(worker)
             except CONNECT_ERRORS as error:
-                logger.warning("request %s: %s worker %s unreachable (%s); trying another", request_id, role,
+                logger.warning("request %s: %s worker %s unreachable (%r); trying another", request_id, role,
                                worker.url, error)
-                self.quarantined[worker.url] = time.monotonic() + QUARANTINE_SECONDS
+                if isinstance(error, REFUSED):  # nothing listens: keep away a while; a reset is one connection's
+                    self.quarantined[worker.url] = time.monotonic() + QUARANTINE_SECONDS
                 last = error
             finally:
                 self.load[worker.url] -= 1
-            if not self._candidates(role, tried):
+            if not self._candidates(role, tried, generation):
                 break
         logger.warning("request %s: no %s worker reachable, last error: %s", request_id, role, last)
         raise unavailable(f"no {role} worker reachable for model {self.model}; retry later")
@@ -286,8 +369,10 @@ class Frontend:
 
     # -- the two hops --------------------------------------------------------------------------------
 
-    async def _prefill(self, path: str, body: dict[str, Any], blocks: list[int], request_id: str) -> dict[str, Any]:
-        """First hop: prefill remotely and return the KV transfer parameters for decode."""
+    async def _prefill(self, path: str, body: dict[str, Any], blocks: list[int],
+                       request_id: str) -> tuple[dict[str, Any], str]:
+        """First hop: prefill remotely; the KV transfer parameters for decode, and the prefill worker's
+        generation (its decode must be of the same one)."""
         hop = {k: v for k, v in body.items() if k not in ("stream_options", "min_tokens")}
         hop.update(stream=False, max_tokens=1, kv_transfer_params={
             "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -296,7 +381,7 @@ class Frontend:
         if "max_completion_tokens" in hop:
             hop["max_completion_tokens"] = 1
 
-        async def attempt(worker: routing.Worker) -> dict[str, Any]:
+        async def attempt(worker: routing.Worker) -> tuple[dict[str, Any], str]:
             response = await self.client.post(worker.url + path, json=hop)
             if response.status_code >= 400:
                 logger.warning("request %s: prefill worker %s answered %d: %s", request_id,
@@ -307,15 +392,17 @@ class Frontend:
                 logger.error("request %s: prefill worker %s returned no kv_transfer_params; is it running with a "
                              "KV connector?", request_id, worker.name or worker.url)
                 raise worker_failed("prefill", request_id)
-            return dict(params)
+            return dict(params), worker.generation
 
-        result: dict[str, Any] = await self._with_retries("prefill", self.policy, blocks, attempt, request_id)
+        result: tuple[dict[str, Any], str] = await self._with_retries("prefill", self.policy, blocks, attempt,
+                                                                      request_id)
         return result
 
     async def _stream(
-        self, path: str, body: dict[str, Any], blocks: list[int], tracker: Tracker
+        self, path: str, body: dict[str, Any], blocks: list[int], tracker: Tracker, generation: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Last hop: stream chunks from a decode (or aggregated) worker."""
+        """Last hop: stream chunks from a decode (or aggregated) worker; a decode worker of the prefill
+        worker's `generation`."""
         role = "decode" if self.mode == "disaggregated" else "aggregated"
         policy = self.decode_policy if self.mode == "disaggregated" else self.policy
         upstream = dict(body, stream=True, stream_options={"include_usage": True})
@@ -331,7 +418,11 @@ class Frontend:
                 raise relayed(role, response.status_code, text, tracker.request_id)
             return worker, response
 
-        worker, response = await self._with_retries(role, policy, blocks, attempt, tracker.request_id)
+        worker, response = await self._with_retries(role, policy, blocks, attempt, tracker.request_id, generation)
+        if generation is not None:
+            # The pairing as it happened, for anyone to check: a prefill and a decode of one generation.
+            self.metrics.generation_pairs.labels(self.model, generation, worker.generation).inc()
+            logger.debug("request %s: prefill and decode on generation %s", tracker.request_id, worker.generation)
         self.load[worker.url] += 1
         try:
             async for line in response.aiter_lines():
@@ -392,12 +483,14 @@ class Frontend:
 
     async def _chunks(self, path: str, body: dict[str, Any], tracker: Tracker) -> AsyncIterator[dict[str, Any]]:
         blocks = routing.block_hashes(prompt_text(body))
+        generation = None
         if self.mode == "disaggregated":
             tracker.enter("prefill")
-            body = dict(body, kv_transfer_params=await self._prefill(path, body, blocks, tracker.request_id))
+            params, generation = await self._prefill(path, body, blocks, tracker.request_id)
+            body = dict(body, kv_transfer_params=params)
             tracker.prefilled = time.monotonic()
         tracker.enter("first_token")
-        async for chunk in self._stream(path, body, blocks, tracker):
+        async for chunk in self._stream(path, body, blocks, tracker, generation):
             yield chunk
 
     async def handle(self, request: Request) -> Response:
@@ -419,8 +512,17 @@ class Frontend:
             return _error(error, headers)
         body["model"] = self.model
         self._count_arrival(tracker.started)
+        self.last_arrival = tracker.started
         self.metrics.started.labels(self.model).inc()
         self.metrics.inflight.labels(self.model).inc()
+        try:
+            await self._hold(tracker)
+        except ApiError as error:
+            self._finish(tracker, "error")
+            return _error(error, headers)
+        except BaseException:
+            self._finish(tracker, "cancelled")  # the client went away while held
+            raise
         if body.get("stream"):
             return await self._stream_response(path, body, tracker, headers)
         return await self._collect(path, body, tracker, request, headers)
@@ -545,10 +647,13 @@ class Frontend:
 
     async def ready(self, request: Request) -> Response:
         """Readiness: a request sent now has somewhere to go (a prefill and a decode worker, or an
-        aggregated one, known and not quarantined for refusing connections)."""
+        aggregated one, known and not quarantined for refusing connections), or will be held until it
+        has (a graph that may scale to zero must keep its frontend reachable to be woken)."""
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         missing = self._missing_roles()
+        if missing and self.hold_seconds > 0:
+            return JSONResponse({"status": "ready", "missing_workers": missing, "holding": True})
         if missing:
             return JSONResponse({"status": "not ready", "missing_workers": missing}, status_code=503)
         return JSONResponse({"status": "ready", "missing_workers": []})
@@ -583,6 +688,8 @@ class Frontend:
 
 
 def _error(error: ApiError, headers: dict[str, str]) -> JSONResponse:
+    if error.retry_after_s is not None:
+        headers = {**headers, "Retry-After": str(error.retry_after_s)}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 

@@ -43,7 +43,8 @@ def build(args: argparse.Namespace) -> app_mod.Frontend:
         raise SystemExit(f"fleetpilot frontend: disaggregated routing for {args.engine} is not implemented yet;"
                          " only vLLM's kv_transfer_params protocol (vllm, simulator) is")
     return app_mod.Frontend(model=args.model, mode=args.mode, discovery=found, policy=routing.make_policy(args.router),
-                            retries=args.retries, max_model_len=args.max_model_len)
+                            retries=args.retries, max_model_len=args.max_model_len, hold_seconds=args.hold_seconds,
+                            hold_queue=args.hold_queue)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,4 +81,9 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                         help="uvicorn's event loop (auto: uvloop when installed)")
     parser.add_argument("--drain-seconds", type=int, default=120, help="how long in-flight streams may finish")
+    parser.add_argument("--hold-seconds", type=float, default=0.0,
+                        help="how long a request waits for a worker when none is ready (a pool scaled to zero, "
+                             "starting); 0: 503 with Retry-After at once")
+    parser.add_argument("--hold-queue", type=int, default=256,
+                        help="most requests held at once; one more gets 503 with Retry-After at once")
     parser.set_defaults(func=run)

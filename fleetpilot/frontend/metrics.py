@@ -6,17 +6,37 @@ Latency buckets resolve the SLA targets people use, from 1 ms (a fast decode ste
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from fleetpilot.api import contract
 
-# Bounds 15% apart from 1 ms to 60 s: a percentile read from the histogram lands within about 7%
-# of the exact one, finer than any SLA people set.
-LATENCY_BUCKETS = tuple(round(0.001 * 1.15**i, 6) for i in range(79)) + (60.0,)
+LATENCY_BUCKETS = contract.LATENCY_BUCKETS
 # Requests/s from 0.2 (one request in a 5 s window) to about 13,000, 20% apart.
 RATE_BUCKETS = tuple(round(0.2 * 1.2**i, 3) for i in range(62))
 PHASES = contract.PHASES
 TOKEN_BUCKETS = contract.TOKEN_BUCKETS
+
+
+class _WorkerLoad(Collector):
+    """Requests in flight per worker pod, read at scrape time: no series outlives its worker."""
+
+    def __init__(self, model: str, source: Callable[[], dict[str, int]]) -> None:
+        self.model = model
+        self.source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            contract.WORKER_LOAD_METRIC,
+            "Requests this frontend has in flight on each worker pod (label worker: the pod's name; idle workers "
+            "are left out). Before a scale-down the operator removes the least loaded replica first.",
+            labels=["model", "worker"])
+        for worker, count in sorted(self.source().items()):
+            family.add_metric([self.model, worker], count)
+        yield family
 
 
 class FrontendMetrics:
@@ -73,5 +93,27 @@ class FrontendMetrics:
         self.prefix_hit_blocks = Counter(
             "fleetpilot_frontend_prefix_hit_blocks",
             "Of those, blocks the chosen worker had recently seen (an estimate of KV-cache hits).", ["model"], registry=r)
+        self.held = Gauge(
+            contract.HELD_METRIC,
+            "Requests waiting in this frontend for a worker to become ready (none was: a pool scaled to zero and "
+            "starting, or a rollout's gap). The planner reads it directly to wake a pool scaled to zero.",
+            ["model"], registry=r)
+        self.held_outcomes = Counter(
+            "fleetpilot_frontend_requests_held",
+            "Requests that had to wait for a worker, by how it ended: served, timeout (503 after the hold), "
+            "queue_full (503 at once).", ["model", "outcome"], registry=r)
+        self.idle = Gauge(
+            contract.IDLE_METRIC,
+            "Seconds since this frontend last received a request (since it started, before the first): the "
+            "planner's idle clock for scale to zero.", ["model"], registry=r)
+        self.generation_pairs = Counter(
+            "fleetpilot_frontend_generation_pairs",
+            "Disaggregated requests by the generation of their prefill worker and of their decode worker: the two "
+            "are always equal (a KV cache never crosses engine or model versions).",
+            ["model", "prefill_generation", "decode_generation"], registry=r)
         self.output_tokens = Histogram("fleetpilot_frontend_output_tokens", "Output sequence length (OSL).",
                                        ["model"], buckets=TOKEN_BUCKETS, registry=r)
+
+    def track_worker_load(self, model: str, source: Callable[[], dict[str, int]]) -> None:
+        """Export `source()` (in flight per worker pod) as the per-worker load gauge."""
+        self.registry.register(_WorkerLoad(model, source))

@@ -27,6 +27,20 @@ class Worker:
     url: str
     role: str  # prefill, decode or aggregated
     name: str = ""
+    generation: str = ""  # the pod's fleetpilot.dev/generation: KV caches move within one generation only
+
+
+def paired(prefill: Sequence[Worker], decode: Sequence[Worker]) -> list[Worker]:
+    """The prefill workers a request may start on: those whose generation has a decode worker too.
+    During a rollout a generation may have prefill workers Ready before any decode worker (or the
+    other way round); a request prefilled there would have nowhere to take its KV cache."""
+    generations = {w.generation for w in decode}
+    return [w for w in prefill if w.generation in generations]
+
+
+def same_generation(workers: Sequence[Worker], generation: str) -> list[Worker]:
+    """The decode workers a request prefilled on `generation` may continue on."""
+    return [w for w in workers if w.generation == generation]
 
 
 def block_hashes(prompt: str, *, block_words: int = BLOCK_WORDS) -> list[int]:

@@ -39,6 +39,7 @@ class ApiError(Exception):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    retry_after_s: int | None = None  # a 503 worth retrying: the Retry-After header, in seconds
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -52,6 +52,7 @@ class Result:
     error: str | None = None
     token_times_s: list[float] = field(default_factory=list)  # each chunk that carried text
     output_tokens: int = 0  # from the usage block when the server sends one, else chunks counted
+    finish_reason: str | None = None  # why the output ended, as the server said: a complete answer has one
 
     @property
     def lateness_s(self) -> float:
@@ -88,17 +89,16 @@ def base_url(url: str) -> str:
     return url.removesuffix("/v1")
 
 
-def request_body(request: traces.Request, *, model: str, prompt: str, stream: bool) -> dict[str, Any]:
-    """The completion request for one trace request: exactly `output_tokens` tokens back."""
+def request_body(request: traces.Request, *, model: str, prompt: str, stream: bool,
+                 length_extensions: bool = True) -> dict[str, Any]:
+    """The completion request for one trace request: exactly `output_tokens` tokens back, through vLLM's
+    `min_tokens` and `ignore_eos` (`length_extensions`; a server that refuses unknown fields gets neither,
+    and its outputs may then end early at an end-of-sequence token)."""
     tokens = max(request.output_tokens, 1)
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "min_tokens": tokens,
-        "ignore_eos": True,
-        "stream": stream,
-    }
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": tokens}
+    if length_extensions:
+        body |= {"min_tokens": tokens, "ignore_eos": True}
+    body["stream"] = stream
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -114,6 +114,13 @@ def _chunk_text(chunk: dict[str, Any]) -> str:
     if text is None:
         text = (choice.get("delta") or {}).get("content")
     return text if isinstance(text, str) else ""
+
+
+def _finish_reason(payload: dict[str, Any]) -> str | None:
+    choices = payload.get("choices") or []
+    if choices and isinstance(choices[0], dict) and isinstance(choices[0].get("finish_reason"), str):
+        return str(choices[0]["finish_reason"])
+    return None
 
 
 def _completion_tokens(payload: dict[str, Any]) -> int | None:
@@ -147,6 +154,11 @@ async def _stream(
             data = line[len("data:") :].strip()
             if data == "[DONE]":
                 result.output_tokens = usage_tokens if usage_tokens is not None else len(result.token_times_s)
+                if result.finish_reason is None:
+                    # A stream cut short and closed politely is still cut short: a complete answer
+                    # says why it ended (length, stop).
+                    raise _Failed(f"truncated: the stream ended after {len(result.token_times_s)} chunks without a "
+                                  "finish_reason")
                 return
             try:
                 chunk = json.loads(data)
@@ -158,9 +170,13 @@ async def _stream(
                 raise _Failed(f"error event: {json.dumps(chunk['error'])[:500]}")
             if _chunk_text(chunk):
                 result.token_times_s.append(now - sent)
+            result.finish_reason = _finish_reason(chunk) or result.finish_reason
             usage_tokens = _completion_tokens(chunk) or usage_tokens
-    result.output_tokens = len(result.token_times_s)
-    raise _Failed("bad stream: it ended without `data: [DONE]`")
+    result.output_tokens = usage_tokens if usage_tokens is not None else len(result.token_times_s)
+    if result.finish_reason is None:
+        raise _Failed("bad stream: it ended without `data: [DONE]` or a finish_reason")
+    # Closed cleanly after the chunk that says why the answer ended, without OpenAI's `data: [DONE]`:
+    # complete (Hugging Face's `transformers serve` ends its completion streams so).
 
 
 async def _complete(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], result: Result) -> None:
@@ -175,6 +191,9 @@ async def _complete(client: httpx.AsyncClient, endpoint: str, body: dict[str, An
     if not isinstance(payload, dict):
         raise _Failed("bad response: not a JSON object")
     result.output_tokens = _completion_tokens(payload) or 0
+    result.finish_reason = _finish_reason(payload)
+    if result.finish_reason is None:
+        raise _Failed("truncated: the answer has no finish_reason")
 
 
 async def _send(
@@ -239,6 +258,7 @@ async def replay(
     prompt_seed: int = 0,
     on_result: Callable[[Result], None] | None = None,
     client: httpx.AsyncClient | None = None,
+    length_extensions: bool = True,
 ) -> list[Result]:
     """Send `requests` open loop to the frontend at `url`; one `Result` per request, in trace order.
 
@@ -247,6 +267,7 @@ async def replay(
     progress bar, or to keep partial results). Cancelling the call cancels every request in flight:
     they are reported to `on_result` as `cancelled`, and the cancellation propagates.
     `max_connections` is the client's pool; a request waiting for a connection counts as late.
+    `length_extensions`: send vLLM's `min_tokens` and `ignore_eos` (`request_body`).
     """
     endpoint = base_url(url) + "/v1/completions"
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -268,7 +289,8 @@ async def replay(
         for request, result in zip(requests, results, strict=True):
             # the prompt (up to a few ms for a long one) is built before the wait, not at the arrival
             prompt = prompts.build_prompt(request, salt=result.index, seed=prompt_seed)
-            body = request_body(request, model=model, prompt=prompt, stream=stream)
+            body = request_body(request, model=model, prompt=prompt, stream=stream,
+                                length_extensions=length_extensions)
             delay = origin + request.arrival_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)

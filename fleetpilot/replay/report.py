@@ -253,6 +253,7 @@ def result_dict(result: client.Result) -> dict[str, Any]:
         "input_tokens": result.input_tokens,
         "expected_output_tokens": result.expected_output_tokens,
         "output_tokens": result.output_tokens,
+        "finish_reason": result.finish_reason,
     }
 
 

@@ -2,9 +2,10 @@
 
 Where it sits: the entry point above `server` and `engine`. It turns flags into the performance model
 (`fleetpilot.perfmodel`, from a model preset, a GPU and the parallelism), the scheduler's limits and
-the server's identity, then runs uvicorn. SIGTERM stops accepting connections and lets requests in
-flight finish for up to `--shutdown-timeout` seconds (uvicorn's graceful shutdown) before the engine
-stops.
+the server's identity, then runs uvicorn (for a multinode replica's ranks > 0, only the rendezvous
+with the leader: `run_rank`). On SIGTERM it drains (`server.DrainingServer`): it serves
+on until nothing runs, waits or holds KV for a decode worker, for up to `--shutdown-timeout` seconds,
+then stops accepting connections and lets what is still open finish.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import uvicorn
 
-from fleetpilot.sim import engine, server
+from fleetpilot.sim import engine, group, server
 from fleetpilot.sim import scheduler as scheduler_mod
 
 logger = logging.getLogger("fleetpilot.sim")
@@ -55,13 +56,20 @@ def add_parser(sub: Any) -> None:
     worker.add_argument("--advertise-host", default=None,
                         help="host peers use to reach this worker"
                              " (default: $POD_IP, else --host, else this host's address)")
-    worker.add_argument("--shutdown-timeout", type=int, default=30, help="seconds to drain on SIGTERM")
+    worker.add_argument("--shutdown-timeout", type=int, default=30,
+                        help="seconds to drain on SIGTERM: requests in flight finish and held KV is pulled")
+    # A multinode replica (vLLM's own flag names): the leader (rank 0) serves once every rank has
+    # joined its TCP rendezvous on --master-port; the other ranks join it and serve only /health.
+    worker.add_argument("--nnodes", type=int, default=1, help="pods in this replica's group")
+    worker.add_argument("--node-rank", type=int, default=0, help="this pod's rank in its group (0: the leader)")
+    worker.add_argument("--master-addr", default=None, help="the leader's address (ranks > 0 connect to it)")
+    worker.add_argument("--master-port", type=int, default=29500, help="the leader's rendezvous port")
     worker.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     worker.set_defaults(func=cli)
 
 
 def timing_model(
-    preset: str, gpu: str, *, tensor_parallel: int, pipeline_parallel: int
+    preset: str, gpu: str, *, tensor_parallel: int, pipeline_parallel: int, nodes: int = 1
 ) -> scheduler_mod.TimingModel:
     from fleetpilot import perfmodel  # the model's constants are only needed by workers
 
@@ -72,7 +80,7 @@ def timing_model(
         raise ValueError(f"unknown --gpu {gpu!r}; choose from {', '.join(sorted(perfmodel.GPUS))}")
     return perfmodel.PerformanceModel(
         perfmodel.MODELS[preset], perfmodel.GPUS[gpu],
-        tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+        tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel, nodes=nodes,
     )
 
 
@@ -90,12 +98,52 @@ def advertise_host(flag: str | None, bind_host: str) -> str:
         return "127.0.0.1"
 
 
+def _group_problem(args: argparse.Namespace) -> str | None:
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        return f"--node-rank must lie from 0 to --nnodes − 1 ({args.nnodes - 1}), got {args.node_rank}"
+    if args.node_rank > 0 and not args.master_addr:
+        return "a rank > 0 needs --master-addr, the group leader's address"
+    return None
+
+
+def run_rank(args: argparse.Namespace) -> int:
+    """A multinode replica's rank > 0: join the leader, hold on, exit 1 when the group is over."""
+    member = group.GroupMember(group.Identity(args.nnodes, args.model), rank=args.node_rank,
+                               leader_host=args.master_addr, leader_port=args.master_port)
+    try:
+        sock = server.bind_socket(args.host, args.port)
+    except OSError as error:
+        print(f"fleetpilot sim worker: cannot bind {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 1
+    over: list[str] = []
+    rank_server: uvicorn.Server | None = None
+
+    def end(reason: str) -> None:
+        over.append(reason)
+        logger.error("rank %d: %s; exiting so the group restarts", args.node_rank, reason)
+        if rank_server is not None:
+            rank_server.should_exit = True
+
+    app = server.create_rank_app(member, on_over=end)
+    rank_server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="on"))
+    logger.info("rank %d of %d of %s: joining the leader at %s:%d", args.node_rank, args.nnodes, args.model,
+                args.master_addr, args.master_port)
+    rank_server.run(sockets=[sock])
+    return 1 if over else 0
+
+
 def cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    problem = _group_problem(args)
+    if problem is not None:
+        print(f"fleetpilot sim worker: {problem}", file=sys.stderr)
+        return 2
+    if args.node_rank > 0:
+        return run_rank(args)
     try:
         timing = timing_model(args.model_preset, args.gpu, tensor_parallel=args.tensor_parallel_size,
-                              pipeline_parallel=args.pipeline_parallel_size)
+                              pipeline_parallel=args.pipeline_parallel_size, nodes=args.nnodes)
         scheduler = scheduler_mod.Scheduler(timing, scheduler_mod.SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -131,8 +179,12 @@ def cli(args: argparse.Namespace) -> int:
         args.pipeline_parallel_size, scheduler.kv.total * args.block_size, args.speedup,
         config.advertise_host, config.advertise_port,
     )
-    app = server.create_app(config, sim)
+    leader = None
+    if args.nnodes > 1:
+        leader = server.leader_group(group.Identity(args.nnodes, args.model), sim, host=args.host,
+                                     port=args.master_port)
+    app = server.create_app(config, sim, group=leader)
     uvicorn_config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
                                     timeout_graceful_shutdown=args.shutdown_timeout)
-    uvicorn.Server(uvicorn_config).run(sockets=[sock])
+    server.DrainingServer(uvicorn_config, sim, drain_s=args.shutdown_timeout).run(sockets=[sock])
     return 0

@@ -33,9 +33,10 @@ ITL_BUCKETS = (
 class _EngineCollector(Collector):
     """Gauges and counters straight from the scheduler's state and totals."""
 
-    def __init__(self, model_name: str, snapshot: Callable[[], scheduler.Snapshot]) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], scheduler.Snapshot], block_size: int) -> None:
         self._model_name = model_name
         self._snapshot = snapshot
+        self._block_size = block_size
 
     def collect(self) -> Iterable[Metric]:
         snap = self._snapshot()
@@ -62,6 +63,12 @@ class _EngineCollector(Collector):
         for reason in sorted({scheduler.FINISH_LENGTH, *snap.finished}):
             success.add_metric([self._model_name, reason], snap.finished.get(reason, 0))
         yield success
+        # vLLM's info metric of its cache configuration (value 1, the facts in labels): what
+        # `fleetpilot profile` reads the KV capacity from.
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache configuration.",
+                                 labels=["block_size", "num_gpu_blocks"])
+        info.add_metric([str(self._block_size), str(snap.kv_blocks_total)], 1.0)
+        yield info
 
 
 class SimMetrics:
@@ -73,10 +80,11 @@ class SimMetrics:
         model_name: str,
         snapshot: Callable[[], scheduler.Snapshot],
         registry: CollectorRegistry | None = None,
+        block_size: int = 16,
     ) -> None:
         self.model_name = model_name
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.registry.register(_EngineCollector(model_name, snapshot))
+        self.registry.register(_EngineCollector(model_name, snapshot, block_size))
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)

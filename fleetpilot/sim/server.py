@@ -23,7 +23,15 @@ parameters a decode worker needs (`do_remote_prefill`, `remote_engine_id`, `remo
 server's advertised HTTP address. A decode-role worker given `do_remote_prefill` skips the prefill,
 waits the modelled KV transfer, decodes, and tells the prefill worker (best effort) that it pulled the
 blocks, so they are freed after the transfer time instead of at the hold timeout. A worker of any
-role without matching parameters serves the request aggregated-style, as vLLM does.
+role without matching parameters serves the request aggregated-style, as vLLM does. The pull is
+real in one respect: a decode worker that cannot reach the prefill worker, or finds no KV held there
+(it exited, or the hold timed out), fails the request with 502, as a NIXL read from a gone engine
+fails. So a prefill worker must not exit while a decode worker still has to pull from it:
+
+Draining (`DrainingServer`): on SIGTERM the worker keeps serving — a frontend that has not yet seen
+its pod go may still send — until it has nothing left (no request running or waiting, no KV held for
+a decode worker) and `QUIET_S` has passed, for at most the drain time; then uvicorn's graceful
+shutdown closes the connections and the streams still open finish within what is left of it.
 """
 
 from __future__ import annotations
@@ -35,14 +43,17 @@ import json
 import logging
 import math
 import random
+import signal
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import FrameType
 from typing import Any, Literal
 
 import httpx
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -50,6 +61,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from fleetpilot.sim import engine, scheduler
+from fleetpilot.sim import group as group_mod
 from fleetpilot.sim import metrics as metrics_mod
 
 logger = logging.getLogger("fleetpilot.sim")
@@ -261,6 +273,16 @@ class _Generation:
     mode: scheduler.Mode
     stream: engine.RequestStream
     sampler: TextSampler = dataclasses.field(default_factory=TextSampler)
+    pull: asyncio.Task[str | None] | None = None  # the KV pull from the prefill worker, under way
+
+    async def pulled(self) -> str | None:
+        """None once the KV cache is being pulled (or there is nothing to pull), else why it cannot be;
+        a failed pull cancels the engine's request."""
+        failed = None if self.pull is None else await self.pull
+        if failed is not None:
+            self.stream.cancel()
+            logger.warning("request %s: %s", self.request_id, failed)
+        return failed
 
     def kv_transfer_params(self, event: scheduler.TokenEvent, config: ServerConfig) -> dict[str, Any] | None:
         if self.mode is not scheduler.Mode.PREFILL_ONLY or not event.finished:
@@ -290,25 +312,28 @@ class _Generation:
 class _Service:
     """The routes, bound to one engine, its metrics and its configuration."""
 
-    def __init__(self, config: ServerConfig, sim: engine.Engine, metrics: metrics_mod.SimMetrics) -> None:
+    def __init__(self, config: ServerConfig, sim: engine.Engine, metrics: metrics_mod.SimMetrics,
+                 group: group_mod.GroupLeader | None = None) -> None:
         self.config = config
         self.engine = sim
         self.metrics = metrics
+        self.group = group
         self.client: httpx.AsyncClient | None = None
-        self._notices: set[asyncio.Task[None]] = set()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        await self.engine.start()
+        if self.group is None:
+            await self.engine.start()
+        else:
+            await self.group.start()  # the engine starts once every rank has joined (see create_app)
         async with httpx.AsyncClient(timeout=self.config.pull_notice_timeout_s) as client:
             self.client = client
             try:
                 yield
             finally:
-                for task in list(self._notices):
-                    task.cancel()
-                await asyncio.gather(*self._notices, return_exceptions=True)
                 self.client = None
+                if self.group is not None:
+                    await self.group.stop()
                 await self.engine.stop()
 
     # -- plain routes --
@@ -384,11 +409,14 @@ class _Service:
         except scheduler.RequestRejected as error:
             return _error(str(error))
         except engine.EngineStopped as error:
-            return _error(str(error), kind="ServiceUnavailableError", code=503)
-        if mode is scheduler.Mode.REMOTE_PREFILL and isinstance(params, dict):
-            self._notify_prefill(params)
+            message = self.group.status if self.group is not None else str(error)
+            return _error(message, kind="ServiceUnavailableError", code=503)
         generation = _Generation(request_id, chat, self.config.served_model, int(time.time()), mode, stream,
                                  TextSampler.from_body(body))
+        if mode is scheduler.Mode.REMOTE_PREFILL and isinstance(params, dict):
+            # The pull runs beside the engine's modelled transfer, as NIXL's read does: only the first
+            # token waits for it (`_pulled`).
+            generation.pull = asyncio.create_task(self._pull(params))
         if body.get("stream"):
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -397,6 +425,11 @@ class _Service:
 
     async def _sse(self, gen: _Generation, *, include_usage: bool) -> AsyncIterator[str]:
         produced = 0
+        failed = await gen.pulled()
+        if failed is not None:
+            yield _sse_line(error_body(failed, kind="KVTransferError", code=502))
+            yield "data: [DONE]\n\n"
+            return
         try:
             async with gen.stream:
                 async for event in gen.stream:
@@ -430,6 +463,9 @@ class _Service:
 
         pieces: list[str] = []
         stopped: str | None = None
+        failed = await gen.pulled()
+        if failed is not None:
+            return _error(failed, kind="KVTransferError", code=502)
 
         async def consume() -> list[scheduler.TokenEvent]:
             nonlocal stopped
@@ -475,25 +511,28 @@ class _Service:
             "kv_transfer_params": gen.kv_transfer_params(events[-1], self.config) if events else None,
         })
 
-    def _notify_prefill(self, params: dict[str, Any]) -> None:
-        """Tell the prefill worker we are pulling its blocks; a lost notice only delays their release."""
+    async def _pull(self, params: dict[str, Any]) -> str | None:
+        """Start pulling the prefill worker's KV blocks (the simulator's stand-in for NIXL's read, which
+        also frees them there after the transfer time): None when under way, else why it cannot be. A
+        prefill worker that is gone or holds nothing for the request fails it; a slow answer does not
+        (the transfer is modelled here either way)."""
         host, port = params.get("remote_host"), params.get("remote_port")
         request_id = params.get("remote_request_id")
         if not host or not port or not request_id or self.client is None:
-            return
-        client = self.client
+            return None
         url = f"http://{_url_host(str(host))}:{port}/sim/kv_pull"
         notice = {"remote_engine_id": params.get("remote_engine_id"), "remote_request_id": request_id}
-
-        async def send() -> None:
-            try:
-                await client.post(url, json=notice)
-            except httpx.HTTPError as error:
-                logger.debug("KV pull notice to %s failed: %s", url, error)
-
-        task = asyncio.create_task(send())
-        self._notices.add(task)
-        task.add_done_callback(self._notices.discard)
+        try:
+            answer = await self.client.post(url, json=notice)
+        except (httpx.ConnectError, httpx.RemoteProtocolError) as error:
+            return f"cannot pull the KV cache of {request_id}: the prefill worker at {host}:{port} is gone ({error!r})"
+        except httpx.HTTPError as error:
+            logger.debug("KV pull notice to %s unanswered: %r", url, error)
+            return None
+        if answer.status_code == 404:
+            return (f"cannot pull the KV cache of {request_id}: the prefill worker at {host}:{port} holds none "
+                    "(freed after its hold timeout, or another engine)")
+        return None
 
 
 def _sse_line(payload: dict[str, Any]) -> str:
@@ -501,12 +540,16 @@ def _sse_line(payload: dict[str, Any]) -> str:
 
 
 def create_app(
-    config: ServerConfig, sim: engine.Engine, *, registry: CollectorRegistry | None = None
+    config: ServerConfig, sim: engine.Engine, *, registry: CollectorRegistry | None = None,
+    group: group_mod.GroupLeader | None = None,
 ) -> Starlette:
-    """The ASGI app for one simulated worker; its lifespan starts and stops the engine loop."""
-    metrics = metrics_mod.SimMetrics(model_name=config.served_model, snapshot=sim.snapshot, registry=registry)
+    """The ASGI app for one simulated worker; its lifespan starts and stops the engine loop. With a
+    `group` (a multinode replica's leader, built with `leader_group`), the engine runs only while
+    every rank is joined, so /health is 503 until the group forms and once it breaks."""
+    metrics = metrics_mod.SimMetrics(model_name=config.served_model, snapshot=sim.snapshot, registry=registry,
+                                     block_size=sim.scheduler.config.block_size)
     sim.add_finish_listener(metrics.observe)
-    service = _Service(config, sim, metrics)
+    service = _Service(config, sim, metrics, group)
     get, post = ["GET"], ["POST"]
     routes: list[tuple[str, _Handler, list[str]]] = [
         ("/v1/completions", service.completions, post),
@@ -523,6 +566,50 @@ def create_app(
     return app
 
 
+def leader_group(identity: group_mod.Identity, sim: engine.Engine, *, host: str, port: int,
+                 heartbeat_s: float = group_mod.HEARTBEAT_S, timeout_s: float = group_mod.TIMEOUT_S
+                 ) -> group_mod.GroupLeader:
+    """A multinode replica's leader, wired to its engine: it serves once all ranks have joined, and
+    stops (failing what it runs) when one is lost."""
+
+    async def broken(reason: str) -> None:
+        await sim.stop()
+
+    return group_mod.GroupLeader(identity, host=host, port=port, on_complete=sim.start, on_broken=broken,
+                                 heartbeat_s=heartbeat_s, timeout_s=timeout_s)
+
+
+def create_rank_app(member: group_mod.GroupMember, *, on_over: Callable[[str], None],
+                    registry: CollectorRegistry | None = None) -> Starlette:
+    """A multinode replica's rank > 0: no API (the leader serves), only /health (200 while joined to
+    the leader) and /metrics; `on_over` is called with the reason once the group is over for it."""
+    registry = registry or CollectorRegistry()
+    joined = Gauge("fleetpilot_sim_group_joined", "1 while this rank is joined to its group's leader.",
+                   ["rank"], registry=registry)
+    joined.labels(str(member.rank)).set_function(lambda: 1.0 if member.joined else 0.0)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def hold() -> None:
+            on_over(await member.run())
+
+        task = asyncio.create_task(hold(), name="fleetpilot-sim-rank")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200 if member.joined else 503)
+
+    async def prometheus(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/health", health, methods=["GET"]), Route("/metrics", prometheus, methods=["GET"])],
+                     lifespan=lifespan)
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A bound TCP socket for uvicorn; binding first tells us the real port when `port` is 0."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -530,3 +617,47 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock
+
+
+#: After SIGTERM a worker serves at least this long: the frontends stop sending to a terminating pod
+#: the moment its deletion reaches their watch, and a request sent just before must still find it.
+QUIET_S = 2.0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, draining on SIGTERM as a worker pod must (see the module docstring): serve until the
+    engine has nothing running, waiting or held, and `QUIET_S` has passed, for at most `drain_s`; then
+    uvicorn's own shutdown, whose graceful timeout is what is left of the drain time. A second signal
+    (or SIGINT) stops at once, as uvicorn does."""
+
+    def __init__(self, config: uvicorn.Config, sim: engine.Engine, *, drain_s: float) -> None:
+        super().__init__(config)
+        self.engine = sim
+        self.drain_s = drain_s
+        self.drain_started: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.drain_started is None:
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.append(sig)  # re-raised once shut down, as uvicorn does: the exit status says SIGTERM
+            self.begin_drain()
+            return
+        super().handle_exit(sig, frame)
+
+    def begin_drain(self) -> None:
+        self.drain_started = time.monotonic()
+        snapshot = self.engine.snapshot()
+        logger.info("draining for up to %g s: %d running, %d waiting, %d holding KV for a decode worker",
+                    self.drain_s, snapshot.running, snapshot.waiting, snapshot.held)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_started is not None and not self.should_exit:
+            waited = time.monotonic() - self.drain_started
+            snapshot = self.engine.snapshot()
+            idle = snapshot.running + snapshot.waiting + snapshot.held == 0
+            if (idle and waited >= min(QUIET_S, self.drain_s)) or waited >= self.drain_s:
+                logger.info("drained after %.1f s%s", waited, "" if idle else " (drain time up: stopping anyway)")
+                self.config.timeout_graceful_shutdown = max(1, round(self.drain_s - waited))
+                self.should_exit = True
+        return await super().on_tick(counter)

@@ -3,6 +3,7 @@
     fleetpilot planner backtest --trace azure_code.csv --profile h200_llama31_8b_fp8_vllm \\
         --sla ttft=500ms,itl=50ms,p=90 [--rate-scale 4] [--startup-seconds 600] [--interval 60] \\
         [--prefill-replicas 1:64 --decode-replicas 1:32] [--model m-mid] [--out results/]
+        [--replica llama-3.1-70b,tp=16,nodes=2 --profile perfmodel]   # multinode group replicas
 
 Replays the trace through the simulated fleet with every policy at every knob setting (the real
 planner core among them), prints SLA attainment, GPU-hours, goodput per GPU-hour and scaling actions,
@@ -97,7 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        metavar="NAME=TRACE[,priority=P][,rate=X]", help="a graph sharing the one --gpu-budget NAME=GPUS with the others (repeatable; "
                             "instead of --trace): the planner on each under the budget, and on each alone")
     group.add_argument("--risk", type=float, default=0.9, help="the forecast quantile the planner sizes for with --graph")
-    group.add_argument("--profile", help="profile JSON, or a Dynamo CSV pair's common prefix")
+    group.add_argument("--profile", help="profile JSON, a Dynamo CSV pair's common prefix, or `perfmodel`: the "
+                                         "performance model of the --replica the fleet runs")
+    group.add_argument("--replica", default=None, metavar="MODEL[,tp=N][,pp=N][,nodes=N][,gpu=G][,engine=E]",
+                       help="what one replica of each pool runs (default llama-3.1-8b on one H200); e.g. "
+                            "llama-3.1-70b,tp=16,nodes=2: a group of two 8-GPU nodes, 16 GPUs a replica")
     group.add_argument("--sla", type=parse_sla, default=None, help="e.g. ttft=500ms,itl=50ms,p=90")
     group.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
     group.add_argument("--interval", type=float, default=None,
@@ -119,14 +124,18 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.trace is None and not args.graph) or args.profile is None or args.sla is None:
         raise SystemExit("fleetpilot planner backtest: --trace (or --graph), --profile and --sla are required")
-    profile = evaluate.load_profile(args.profile)
+    try:
+        timing = evaluate.replica_timing(args.replica) if args.replica else evaluate.default_timing()
+    except ValueError as error:
+        raise SystemExit(f"fleetpilot planner backtest: {error}") from None
+    profile = evaluate.model_profile(timing) if args.profile == "perfmodel" else evaluate.load_profile(args.profile)
     predictors = tuple(p.strip() for p in args.predictors.split(",") if p.strip())
     unknown = set(predictors) - set(evaluate.PREDICTORS)
     if unknown:
         raise SystemExit(f"fleetpilot planner backtest: unknown predictor(s) {', '.join(sorted(unknown))}; "
                          f"choose from {', '.join(evaluate.PREDICTORS)}")
     if args.graph:
-        return _run_budget(args, profile, predictors[0])
+        return _run_budget(args, profile, predictors[0], timing)
     bounds: dict[FleetPool, tuple[int, int]] | None = None
     if args.prefill_replicas or args.decode_replicas:
         bounds = {"prefill": args.prefill_replicas or (1, 64), "decode": args.decode_replicas or (1, 64)}
@@ -134,11 +143,12 @@ def run(args: argparse.Namespace) -> int:
         if traces.file_format(args.trace) == "servegen":
             scenario = evaluate.scenario_from_servegen(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
-                model=args.model, interval_s=args.interval or 600.0, startup_s=args.startup_seconds, bounds=bounds)
+                model=args.model, interval_s=args.interval or 600.0, startup_s=args.startup_seconds, bounds=bounds,
+                timing=timing)
         else:
             scenario = evaluate.scenario_from_trace(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
-                interval_s=args.interval or 60.0, startup_s=args.startup_seconds, bounds=bounds)
+                interval_s=args.interval or 60.0, startup_s=args.startup_seconds, bounds=bounds, timing=timing)
     except ValueError as error:
         raise SystemExit(f"fleetpilot planner backtest: {error}") from None
     print(f"{scenario.description}; {scenario.fidelity} fleet model", flush=True)
@@ -184,7 +194,7 @@ def _print_table(done: Any, summary: Any, target: float) -> None:
     Console().print(table)
 
 
-def _run_budget(args: argparse.Namespace, profile: Any, predictor: str) -> int:
+def _run_budget(args: argparse.Namespace, profile: Any, predictor: str, timing: Any) -> int:
     """`--graph ... --gpu-budget NAME=GPUS`: several graphs under one budget, as the live planner runs them."""
     from fleetpilot import plots, traces
     from fleetpilot.planner.backtest import evaluate
@@ -206,11 +216,11 @@ def _run_budget(args: argparse.Namespace, profile: Any, predictor: str) -> int:
         if traces.file_format(graph.trace) == "servegen":
             scenario = evaluate.scenario_from_servegen(
                 graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,
-                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed)
+                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed, timing=timing)
         else:
             scenario = evaluate.scenario_from_trace(
                 graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,
-                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed)
+                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed, timing=timing)
         print(f"{graph.name} (priority {graph.priority}): {scenario.description}; {scenario.fidelity} fleet model",
               flush=True)
         graphs.append(evaluate.BudgetGraph(scenario, graph.priority))

@@ -320,7 +320,8 @@ def run_shared(graphs: Sequence[SharedGraph], *, budget: int, duration_s: float,
     granted: dict[str, list[int]] = {g.name: [] for g in ordered}
     wanted: dict[str, list[int]] = {g.name: [] for g in ordered}
     for graph in ordered:
-        running = sum(graph.policy.initial().values())  # one GPU a replica, as the policy plans
+        # Every GPU of every replica (a multinode group's on all its nodes), as the policy plans.
+        running = sum(graph.policy.initial().values()) * graph.policy.setting.gpus_per_replica
         ledger.claim(SHARED, budget_mod.BudgetClaim(graph=graph.name, priority=graph.priority,
                                                      min_gpus=graph.policy.min_gpus(), wanted_gpus=running))
     steps = max(1, math.ceil(duration_s / interval_s))

@@ -180,7 +180,7 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
     isl = np.array([r.input_tokens for r in requests], dtype=float)
     osl = np.array([r.output_tokens for r in requests], dtype=float)
     rates, loads = _interval_loads(arrivals, isl, osl, interval_s=interval_s, count=count)
-    config = fleetsim.FleetConfig(timing=timing or default_timing(), startup_s=startup_s)
+    config = fleet_config(timing or default_timing(), startup_s)
     beliefs = capacity.CapacityModel(profile)
     known: dict[float, Sequence[Mapping[FleetPool, int]]] = {}
     if bounds is None and fidelity == "fluid":
@@ -198,7 +198,7 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
         description=(f"{path.name}, rate ×{rate_factor:g}: {len(requests):,} requests over {duration / 3600:.2f} h, "
                      f"mean {len(requests) / duration:.2f} req/s, ISL {isl.mean():,.0f}, OSL {osl.mean():,.0f}"),
         setting=policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s,
-                                 bounds=bounds),
+                                 bounds=bounds, gpus_per_replica=config.gpus["decode"]),
         fleet_config=config, requests=requests, counts=counts, step_s=fluid_step_s,
         isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl), known_needs=known,
     )
@@ -224,7 +224,8 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
                            rate_factor: float, model: str = "m-large", interval_s: float = 600.0,
                            step_s: float = 60.0, startup_s: float = 120.0,
                            synthesis: traces.Synthesis | None = None, seed: int = 0,
-                           bounds: Mapping[FleetPool, tuple[int, int]] | None = None) -> Scenario:
+                           bounds: Mapping[FleetPool, tuple[int, int]] | None = None,
+                           timing: perfmodel.PerformanceModel | None = None) -> Scenario:
     """The ServeGen rate series as a fluid: Poisson arrival counts per step at rate × `rate_factor`,
     lengths drawn from `synthesis` (the series has none)."""
     synthesis = synthesis or traces.Synthesis()
@@ -244,6 +245,7 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
     rates = counts.reshape(-1, per_interval).sum(axis=1) / interval_s
     loads = tuple(policies.IntervalLoad(float(r), float(isl.mean()), float(osl.mean())) for r in rates)
     beliefs = capacity.CapacityModel(profile)
+    config = fleet_config(timing or default_timing(), startup_s)
     return Scenario(
         name=name, fidelity="fluid", sla=sla, duration_s=duration, rates=rates, loads=loads,
         description=(f"{path.name} {model}, rate ×{rate_factor:g}: {len(windows):,} windows of {length:.0f} s "
@@ -251,8 +253,9 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
                      f"(peak {step_rates.max():.1f}); lengths lognormal, ISL mean {synthesis.input_length.mean:g}, "
                      f"OSL mean {synthesis.output_length.mean:g}"),
         setting=policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s,
-                                 bounds=bounds or scaled_bounds(beliefs, sla, loads)),
-        fleet_config=fleetsim.FleetConfig(timing=default_timing(), startup_s=startup_s), counts=counts,
+                                 bounds=bounds or scaled_bounds(beliefs, sla, loads),
+                                 gpus_per_replica=config.gpus["decode"]),
+        fleet_config=config, counts=counts,
         step_s=step_s, isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl),
     )
 
@@ -260,6 +263,47 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
 def default_timing() -> perfmodel.PerformanceModel:
     """The fleet's truth: the calibrated vLLM H200 model of Llama-3.1-8B (the simulator's default)."""
     return perfmodel.PerformanceModel(perfmodel.MODELS["llama-3.1-8b"], perfmodel.GPUS["h200-sxm"])
+
+
+def fleet_config(timing: perfmodel.PerformanceModel, startup_s: float) -> fleetsim.FleetConfig:
+    """A fleet whose replicas run `timing`: each holds all its GPUs (tensor × pipeline, on every node
+    of a multinode group), which is what GPU-hours and budgets count."""
+    gpus = timing.tensor_parallel * timing.pipeline_parallel
+    return fleetsim.FleetConfig(timing=timing, startup_s=startup_s, gpus=dict.fromkeys(fleetsim.FLEET_POOLS, gpus))
+
+
+def replica_timing(text: str) -> perfmodel.PerformanceModel:
+    """`--replica MODEL[,tp=N][,pp=N][,nodes=N][,gpu=NAME][,engine=NAME]`: the fleet's replicas as the
+    performance model runs them, e.g. `llama-3.1-70b,tp=16,nodes=2` for a 70B decode group of two
+    8-GPU nodes (TP16 across them)."""
+    model, *options = [part.strip() for part in text.split(",")]
+    fields = {"tp": "1", "pp": "1", "nodes": "1", "gpu": "h200-sxm", "engine": "vllm"}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key not in fields:
+            raise ValueError(f"--replica: unknown option {key!r}; use tp=, pp=, nodes=, gpu= and engine=")
+        fields[key] = value
+    for name, table in ((model, perfmodel.MODELS), (fields["gpu"], perfmodel.GPUS),
+                        (fields["engine"], perfmodel.CALIBRATIONS)):
+        if name not in table:
+            raise ValueError(f"--replica: unknown {name!r}; choose from {', '.join(sorted(table))}")
+    try:
+        tp, pp, nodes = int(fields["tp"]), int(fields["pp"]), int(fields["nodes"])
+    except ValueError as error:
+        raise ValueError(f"--replica {text!r}: tp, pp and nodes are whole numbers") from error
+    timing = perfmodel.PerformanceModel(perfmodel.MODELS[model], perfmodel.GPUS[fields["gpu"]], tp, pp, nodes=nodes,
+                                        calibration=perfmodel.CALIBRATIONS[fields["engine"]])
+    if timing.kv_capacity_tokens() < 1:
+        raise ValueError(f"--replica {text!r}: the model does not fit {tp * pp} GPUs' memory")
+    return timing
+
+
+def model_profile(timing: perfmodel.PerformanceModel) -> profiles.Profile:
+    """What the planner believes when told `--profile perfmodel`: the performance model of the fleet's
+    own replicas, on the grid a measured profile covers."""
+    return profiles.from_performance_model(
+        timing, isls=[128, 512, 1024, 2048, 4096, 8192, 16384, 32768],
+        contexts=[512, 1024, 2048, 4096, 8192, 16384, 32768], concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
 
 
 # -- running the sweeps ---------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class Setting:
     interval_s: float
     startup_s: float
     bounds: Mapping[FleetPool, tuple[int, int]]  # (min, max) per pool
+    gpus_per_replica: int = 1  # every GPU one replica holds: all the pods of a multinode group
 
     def clamp(self, replicas: Mapping[FleetPool, int]) -> Replicas:
         return {pool: min(max(replicas.get(pool, lo), lo), hi) for pool, (lo, hi) in self.bounds.items()}
@@ -415,7 +416,7 @@ class Fleetpilot(Base):
             mode="sla", sla=setting.sla, predictor=predictor_name, interval_s=setting.interval_s,
             bounds={pool: api.ScalingBounds.model_validate({"min": lo, "max": hi})
                     for pool, (lo, hi) in setting.bounds.items()},
-            gpus_per_replica=dict.fromkeys(FLEET_POOLS, 1),
+            gpus_per_replica=dict.fromkeys(FLEET_POOLS, setting.gpus_per_replica),
             startup_s=setting.startup_s, hold_s=hold_s if hold_s is not None else 5 * setting.interval_s,
             risk=risk, length_mix=length_mix,
         )

@@ -139,9 +139,11 @@ def test_operator_reconciles_with_the_chart_service_account(
     children = {(kind, item["metadata"]["name"]) for kind in ("dgc", "deployment", "service", "pdb", "serviceaccount",
                                                               "role", "rolebinding")
                 for item in kubectl.items(kind, namespace, f"fleetpilot.dev/graph={name}")}
+    generation = kubectl.json("get", "dg", name, "-n", namespace)["status"]["rollout"]["target"]
     for component in ("frontend", "prefill", "decode"):
-        assert {("dgc", f"{name}-{component}"), ("deployment", f"{name}-{component}"),
-                ("service", f"{name}-{component}"), ("pdb", f"{name}-{component}")} <= children
+        workload = f"{name}-{component}" if component == "frontend" else f"{name}-{component}-{generation}"
+        assert {("dgc", f"{name}-{component}"), ("deployment", workload),
+                ("service", f"{name}-{component}"), ("pdb", workload)} <= children
     # The frontend's Role and RoleBinding: the operator may grant only what it holds.
     assert {("serviceaccount", f"{name}-frontend"), ("role", f"{name}-frontend"),
             ("rolebinding", f"{name}-frontend")} <= children

@@ -148,11 +148,13 @@ def test_operator_only_the_leader_reconciles_and_a_sigkill_hands_over_within_15s
 
     # A change made after the kill is reconciled by the new leader: scale a component, and delete a
     # child Deployment (which only an operator recreates).
+    generation = kubectl.json("get", "dg", "llama-8b-sim", "-n", namespace)["status"]["rollout"]["target"]
+    prefill, decode = (f"llama-8b-sim-{c}-{generation}" for c in ("prefill", "decode"))  # one generation's
     kubectl.run("scale", "dgc/llama-8b-sim-decode", "--replicas=3", "-n", namespace)
-    kubectl.run("delete", "deployment", "llama-8b-sim-prefill", "-n", namespace, "--wait=false")
-    wait_for(lambda: kubectl.json("get", "deployment", "llama-8b-sim-decode", "-n", namespace)["spec"]["replicas"] == 3,
+    kubectl.run("delete", "deployment", prefill, "-n", namespace, "--wait=false")
+    wait_for(lambda: kubectl.json("get", "deployment", decode, "-n", namespace)["spec"]["replicas"] == 3,
              timeout=60, what="the decode Deployment scaled to 3")
-    wait_for(lambda: not kubectl.json("get", "deployment", "llama-8b-sim-prefill", "-n", namespace)["metadata"].get(
+    wait_for(lambda: not kubectl.json("get", "deployment", prefill, "-n", namespace)["metadata"].get(
         "deletionTimestamp"), timeout=60, what="the prefill Deployment recreated")
     wait_for(lambda: ready(kubectl, namespace, "llama-8b-sim")
              and len(kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")) == 3,

@@ -58,6 +58,14 @@ def owner_uids(obj: dict[str, Any]) -> list[str]:
     return [ref["uid"] for ref in obj["metadata"].get("ownerReferences", []) if ref.get("controller")]
 
 
+def workload_name(kubectl: Kubectl, namespace: str, kind: str, graph_name: str, component: str) -> str:
+    """The one `kind` (deployment, poddisruptionbudget) of a component: a worker's is named for its
+    generation, `<graph>-<component>-<generation>`."""
+    (found,) = kubectl.items(kind, namespace, f"fleetpilot.dev/graph={graph_name},fleetpilot.dev/component={component}")
+    name: str = found["metadata"]["name"]
+    return name
+
+
 def test_samples_create_owned_children_on_gpu_nodes(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
     for sample in SAMPLES:
         kubectl.apply(load_sample(sample), namespace)
@@ -69,8 +77,13 @@ def test_samples_create_owned_children_on_gpu_nodes(kubectl: Kubectl, operator: 
             dgc = kubectl.json("get", "dgc", f"{name}-{component}", "-n", namespace)
             assert owner_uids(dgc) == [owner["metadata"]["uid"]]
             for kind in WORKLOAD_KINDS:
-                child = kubectl.json("get", kind, f"{name}-{component}", "-n", namespace)
-                assert owner_uids(child) == [dgc["metadata"]["uid"]], f"{kind} {name}-{component}"
+                child_name = f"{name}-{component}"
+                if kind != "service" and component != "frontend":
+                    child_name = workload_name(kubectl, namespace, kind, name, component)
+                    generation = graph(kubectl, namespace, name)["status"]["rollout"]["target"]
+                    assert child_name == f"{name}-{component}-{generation}"
+                child = kubectl.json("get", kind, child_name, "-n", namespace)
+                assert owner_uids(child) == [dgc["metadata"]["uid"]], f"{kind} {child_name}"
         assert owner["status"]["endpoint"] == f"http://{name}-frontend.{namespace}.svc:8000/v1"
 
     pods = kubectl.items("pods", namespace)
@@ -139,25 +152,36 @@ def test_scale_subresource_reports_selector_and_replicas(
     assert scale["status"]["selector"] == "fleetpilot.dev/component=decode,fleetpilot.dev/graph=hpa-ready"
 
 
-def test_editing_engine_image_rolls_the_deployment(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+def test_editing_engine_image_rolls_out_a_new_generation(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
     sample = load_sample("disaggregated-vllm.yaml")
     kubectl.apply(sample, namespace)
     wait_for(lambda: ready(kubectl, namespace, "llama-8b"), what="Ready")
+    old = graph(kubectl, namespace, "llama-8b")["status"]["rollout"]["target"]
     before = {p["metadata"]["name"] for p in kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")}
 
     sample["spec"]["engine"]["image"] = "vllm/vllm-openai:v0.11.1"
     kubectl.apply(sample, namespace)
+    new = wait_for(lambda: (t := graph(kubectl, namespace, "llama-8b")["status"]["rollout"]["target"]) != old and t,
+                   what="a new target generation")
 
     def rolled() -> bool:
-        pods = kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")
-        images = {p["spec"]["containers"][0]["image"] for p in pods if not p["metadata"].get("deletionTimestamp")}
-        return images == {"vllm/vllm-openai:v0.11.1"} and len(pods) == 2 and ready(kubectl, namespace, "llama-8b")
+        pods = kubectl.items("pods", namespace, "fleetpilot.dev/graph=llama-8b")
+        workers = [p for p in pods if p["metadata"]["labels"]["fleetpilot.dev/component"] != "frontend"]
+        images = {p["spec"]["containers"][0]["image"] for p in workers}
+        generations = {p["metadata"]["labels"]["fleetpilot.dev/generation"] for p in workers}
+        return (images == {"vllm/vllm-openai:v0.11.1"} and generations == {new}
+                and graph(kubectl, namespace, "llama-8b")["status"]["rollout"]["phase"] == "Complete"
+                and ready(kubectl, namespace, "llama-8b"))
 
-    wait_for(rolled, what="decode pods on the new image")
+    wait_for(rolled, timeout=90, what="prefill and decode pods on the new generation, the old one gone")
     after = {p["metadata"]["name"] for p in kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")}
     assert not before & after, "every decode pod should have been replaced"
-    replicasets = kubectl.items("replicasets", namespace, "fleetpilot.dev/component=decode")
-    assert len(replicasets) == 2  # the old one kept (scaled to 0) for rollback
+    for component in ("prefill", "decode"):  # the old generation's Deployment and PDB went with its pods
+        assert workload_name(kubectl, namespace, "deployment", "llama-8b", component) == f"llama-8b-{component}-{new}"
+        assert workload_name(kubectl, namespace, "pdb", "llama-8b", component) == f"llama-8b-{component}-{new}"
+    # Both pools moved, though only the image changed: a KV cache never crosses generations.
     assert graph(kubectl, namespace, "llama-8b")["status"]["observedGeneration"] == 2
 
 
@@ -226,7 +250,8 @@ def test_tightened_bounds_clamp_what_runs(kubectl: Kubectl, operator: OperatorPr
 
     manifest["spec"]["components"]["decode"] = {"replicas": 2, "scaling": {"min": 1, "max": 2}}
     kubectl.apply(manifest, namespace)
-    wait_for(lambda: kubectl.json("get", "deployment", "bounded-decode", "-n", namespace)["spec"]["replicas"] == 2,
+    decode = workload_name(kubectl, namespace, "deployment", "bounded", "decode")
+    wait_for(lambda: kubectl.json("get", "deployment", decode, "-n", namespace)["spec"]["replicas"] == 2,
              what="decode clamped to 2")
     degraded = wait_for(lambda: condition(graph(kubectl, namespace, "bounded"), "Degraded").get("reason")
                         == "ReplicasOutOfBounds" and condition(graph(kubectl, namespace, "bounded"), "Degraded"),
@@ -269,8 +294,9 @@ def test_every_child_deleted_by_hand_comes_back_at_once(
     name = sample["metadata"]["name"]
     kubectl.apply(sample, namespace)
     wait_for(lambda: ready(kubectl, namespace, name), timeout=90, what="Ready")
-    children = {"dgc": f"{name}-decode", "deployment": f"{name}-prefill", "service": f"{name}-frontend",
-                "pdb": f"{name}-decode", "serviceaccount": f"{name}-frontend", "role": f"{name}-frontend",
+    children = {"dgc": f"{name}-decode", "deployment": workload_name(kubectl, namespace, "deployment", name, "prefill"),
+                "service": f"{name}-frontend", "pdb": workload_name(kubectl, namespace, "pdb", name, "decode"),
+                "serviceaccount": f"{name}-frontend", "role": f"{name}-frontend",
                 "rolebinding": f"{name}-frontend", "configmap": f"{name}-decode-trtllm"}
     took = {}
     for kind, child in children.items():

@@ -1,6 +1,6 @@
 """The live planner with a real Prometheus and the real control plane.
 
-A stand-in frontend exports the metric contract with values the test controls; Debian's Prometheus
+A stand-in frontend exports the metric contract with values the test controls; upstream Prometheus (scripts/install-prometheus.sh)
 scrapes it every second, labelling the series with the graph and namespace as the e2e relabelling
 will; the planner runs as `fleetpilot planner run` against both. The test raises and lowers the
 offered rate and stops Prometheus, and reads what the planner wrote to the DynamoGraphComponents'
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
+from fleetpilot.devcluster import cluster as devcluster
 from fleetpilot.frontend.metrics import LATENCY_BUCKETS, TOKEN_BUCKETS
 
 from .conftest import Kubectl, OperatorProcess, _free_port, condition, wait_for
@@ -85,7 +85,8 @@ class ContractExporter:
 
 
 class PrometheusProcess:
-    """Debian's prometheus on a loopback port, scraping the exporter every second."""
+    """Prometheus (upstream, built by scripts/install-prometheus.sh) on a loopback port, scraping the
+    exporter every second."""
 
     def __init__(self, folder: Path, *, target: str, namespace: str, graph: str) -> None:
         self.folder = folder
@@ -102,9 +103,9 @@ class PrometheusProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+        binary = devcluster.prometheus_bin()
         self.process = subprocess.Popen(
-            [binary, f"--config.file={self.folder / 'prometheus.yml'}", f"--storage.tsdb.path={self.folder / 'data'}",
+            [str(binary), f"--config.file={self.folder / 'prometheus.yml'}", f"--storage.tsdb.path={self.folder / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
             stdout=(self.folder / "prometheus.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
         )

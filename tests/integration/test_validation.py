@@ -89,7 +89,33 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     ),
     "parallelism-does-not-match-gpus": (
         _set("spec.components.decode.parallelism", {"tensor": 4}),
-        ["spec.components.decode", "gpus must equal parallelism.tensor"],
+        ["spec.components.decode", "gpus × nodes must equal parallelism.tensor × parallelism.pipeline"],
+    ),
+    "multinode-gpus-do-not-match-parallelism": (
+        _set("spec.components.decode.nodes", 2),
+        ["spec.components.decode", "gpus × nodes must equal parallelism.tensor × parallelism.pipeline"],
+    ),
+    "zero-nodes": (
+        _set("spec.components.prefill.nodes", 0),
+        ["spec.components.prefill.nodes", "should be greater than or equal to 1"],
+    ),
+    "trtllm-multinode": (
+        lambda g: (g["spec"]["engine"].update(framework="trtllm", image="nvcr.io/nvidia/tensorrt-llm/release:1.0.0"),
+                   g["spec"]["components"]["decode"].update(nodes=2, gpus=1)),
+        ["spec", "nodes must be 1 with engine.framework trtllm", "use vllm or sglang for multinode replicas"],
+    ),
+    "multinode-name-too-long-for-group-statefulsets": (
+        lambda g: (g["metadata"].update(name="a" * 29),
+                   g["spec"]["components"]["decode"].update(nodes=2, gpus=1)),
+        ["metadata.name must be at most 28 characters when a component spans nodes"],
+    ),
+    "placement-topology-key-not-a-label-key": (
+        _set("spec.placement", {"topologyKey": "rack name"}),
+        ["spec.placement.topologyKey", "should match"],
+    ),
+    "placement-timeout-too-short": (
+        _set("spec.placement", {"groupSchedulingTimeoutSeconds": 1}),
+        ["spec.placement.groupSchedulingTimeoutSeconds", "should be greater than or equal to 5"],
     ),
     "name-too-long-for-children": (
         _set("metadata.name", "a" * 53),
@@ -153,6 +179,12 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
         _set("spec.planner", {"gpuBudget": 2}),
         ["spec", "planner.gpuBudget must cover the worker pools' minimums"],
     ),
+    "gpu-budget-below-a-multinode-minimum": (
+        # prefill 1 × 1 GPU + decode 1 group × 1 GPU × 2 pods = 3: a budget of 2 would cover gpus alone
+        lambda g: (g["spec"]["components"]["decode"].update(nodes=2, gpus=1),
+                   g["spec"].update(planner={"gpuBudget": 2})),
+        ["spec", "planner.gpuBudget must cover the worker pools' minimums (scaling.min × gpus × nodes"],
+    ),
     "missing-model": (
         _delete("spec.model"),
         ["spec.model", "Required value"],
@@ -194,6 +226,17 @@ def test_a_profile_and_a_budget_that_covers_the_minimums_are_accepted(kubectl: K
     for graph in (with_profile, simulator):
         result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(graph))
         assert "created (server dry run)" in result.stdout
+
+
+def test_a_valid_multinode_graph_is_accepted(kubectl: Kubectl, crds: None) -> None:
+    """The multinode cases above fail for their own reason: a 28-character name, decode TP16 over two
+    pods of 8 GPUs and a rack topology key pass."""
+    graph = edit(lambda g: (g["metadata"].update(name="a" * 28),
+                            g["spec"]["components"]["decode"].update(nodes=2, gpus=8, parallelism={"tensor": 16}),
+                            g["spec"].update(placement={"topologyKey": "example.com/rack",
+                                                        "groupSchedulingTimeoutSeconds": 60})))
+    result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(graph))
+    assert "created (server dry run)" in result.stdout
 
 
 def test_component_bounds_are_enforced_on_direct_edits(kubectl: Kubectl, crds: None) -> None:

@@ -492,3 +492,40 @@ def test_each_policy_is_also_read_at_its_default_setting() -> None:
     assert evaluate.default_cell(summary, "hpa") == "1.00 missed (70.0%)"
     assert evaluate.default_cell(summary, "dynamo") == "—"  # its default (1.0) was not among the runs
     assert evaluate.default_cell(summary, "oracle") == "—"
+
+
+# -- multinode group replicas -----------------------------------------------------------------------------
+
+
+def test_a_group_replica_runs_its_parallelism_and_costs_every_gpu_of_its_nodes(tmp_path: Path) -> None:
+    """A 70B TP16 replica on two 8-GPU nodes: the fleet times it with the model of that group
+    (all-reduces over the network), a replica costs 16 GPUs, and the planner sizes in such groups."""
+    timing = evaluate.replica_timing("llama-3.1-70b,tp=16,nodes=2")
+    assert (timing.model.name, timing.tensor_parallel, timing.nodes) == ("llama-3.1-70b", 16, 2)
+    trace = azure_csv(tmp_path / "tiny.csv", poisson_trace(1.0, 300, seed=5))
+    scenario = evaluate.scenario_from_trace("group", trace, profile=evaluate.model_profile(timing), sla=SLA,
+                                            timing=timing, bounds={"prefill": (1, 4), "decode": (1, 4)})
+    assert scenario.fleet_config.gpus == {"prefill": 16, "decode": 16}
+    assert scenario.setting.capacity.profile.gpus_per_replica == 16
+    fleet = fleetsim.FleetSimulator(scenario.fleet_config, list(scenario.requests), {"prefill": 1, "decode": 2})
+    fleet.finish()
+    assert fleet.gpu_seconds(300.0) == pytest.approx(3 * 16 * 300)
+    lone = fleetsim.FleetSimulator(scenario.fleet_config, [Request(0.0, 1024, 32)], {"prefill": 1, "decode": 1})
+    lone.finish()
+    assert lone.outcomes().itl[0] == pytest.approx(timing.itl(1, 1024 + 16), rel=0.02)
+    run = evaluate.run_group(scenario, "fleetpilot-constant", knobs={"fleetpilot": (0.9,)}, bracket=False).results[0]
+    # Every replica-hour the planner's fleet ran costs 16 GPU-hours (replicas sampled per interval).
+    active = sum(run.timeline.active[pool] for pool in fleetsim.FLEET_POOLS)
+    hours = scenario.duration_s / 3600
+    assert 16 * active.min() * hours <= run.gpu_hours <= 16 * active.max() * hours * 1.01
+
+
+def test_a_replica_argument_names_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="unknown option 'ranks'"):
+        evaluate.replica_timing("llama-3.1-70b,ranks=2")
+    with pytest.raises(ValueError, match="unknown 'llama-9b'"):
+        evaluate.replica_timing("llama-9b,tp=2")
+    with pytest.raises(ValueError, match="does not fit 1 GPUs' memory"):
+        evaluate.replica_timing("llama-3.1-70b-bf16")
+    with pytest.raises(ValueError, match="nodes must divide"):
+        evaluate.replica_timing("llama-3.1-70b,tp=8,nodes=3")

@@ -1,7 +1,7 @@
 """The Helm chart, the kustomize manifests, the dashboards and the alerts, checked without a cluster.
 
 Real tools do the rendering: Helm (built by scripts/install-k8s.sh), kubectl's kustomize and
-promtool (Debian's prometheus). A missing tool fails these tests; none is skipped. What is pinned:
+promtool (upstream's, built by scripts/install-prometheus.sh). A missing tool fails these tests; none is skipped. What is pinned:
 the objects the chart renders by default and with other values, the Pod Security fields, the RBAC
 verbs rule by rule, the monitoring objects only where the Prometheus Operator's API exists, the
 chart's CRDs and the kustomize base against their sources (drift), kustomize against Helm, every
@@ -25,6 +25,7 @@ from typing import Any
 
 import prometheus_client
 import yaml
+from gotools import go_tool
 
 from fleetpilot import cli
 from fleetpilot.devcluster import cluster as devcluster
@@ -65,7 +66,10 @@ def kubectl() -> str:
 
 
 def promtool() -> str:
-    return _tool("promtool", Path("/usr/bin/promtool"))
+    # Upstream's, not whatever `promtool` is on PATH (Debian's 2.42 parses PromQL of an older day).
+    cached = devcluster.prometheus_bin("promtool")
+    assert cached.is_file(), f"promtool is missing: scripts/setup.sh installs it ({cached})"
+    return str(cached)
 
 
 def run(*args: str) -> str:
@@ -185,7 +189,7 @@ def exported_metrics() -> set[str]:
     names = _family_samples(list(prometheus_client.REGISTRY.collect()))  # operator, planner, process_*
     names |= _family_samples(list(frontend_metrics.FrontendMetrics().registry.collect()))
     snapshot = types.SimpleNamespace(running=0, waiting=0, kv_usage=0.0, preemptions=0, prompt_tokens=0,
-                                     generation_tokens=0, finished={})
+                                     generation_tokens=0, finished={}, kv_blocks_total=0)
     sim = sim_metrics.SimMetrics(model_name="m", snapshot=lambda: snapshot)  # type: ignore[arg-type, return-value]
     names |= _family_samples(list(sim.registry.collect()))
     return names | {"up"}
@@ -240,6 +244,35 @@ def test_dashboards_are_valid_grafana_json() -> None:
             refs = [t["refId"] for t in panel["targets"]]
             assert panel["targets"] and len(refs) == len(set(refs)), (path.name, panel["title"])
             assert all(t["expr"].strip() for t in panel["targets"])
+
+
+def test_dashboards_pass_grafanas_dashboard_model(tmp_path: Path) -> None:
+    """Grafana's own dashboard schema, through the Grafana Foundation SDK's strict decoding
+    (tests/grafana/dashboardcheck): unknown fields, wrong types and missing required ones fail."""
+    checker = str(go_tool("dashboardcheck"))
+    out = run(checker, *map(str, DASHBOARDS))
+    reports = [json.loads(line) for line in out.splitlines()]
+    assert [Path(r["file"]).name for r in reports] == [p.name for p in DASHBOARDS]
+    for report, path in zip(reports, DASHBOARDS, strict=True):
+        assert report["errors"] == [] and report["panels"] == len(json.loads(path.read_text())["panels"]), report
+    # ... and the checker can fail: a misspelt field in a panel is refused, by name.
+    broken = json.loads(DASHBOARDS[0].read_text())
+    broken["panels"][1]["fieldConfg"] = broken["panels"][1].pop("fieldConfig")
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    result = subprocess.run([checker, str(tmp_path / "broken.json")], capture_output=True, text=True, check=False)
+    assert result.returncode == 1 and "fieldConfg" in result.stdout, result.stdout
+
+
+def test_every_bucket_bound_named_is_one_the_frontend_exports() -> None:
+    """An `le` that is not one of the frontend's bounds selects nothing: the alert or panel reads empty."""
+    bounds = {prometheus_client.utils.floatToGoString(b) for b in frontend_metrics.LATENCY_BUCKETS} | {"+Inf"}
+    files = [RULES, *RULE_TESTS, *DASHBOARDS]
+    # le="0.5" (PromQL, rule tests), le=\"0.5\" (JSON), "le", "0.5" (label_replace in the rules).
+    pattern = re.compile(r'\ble\\?"?\s*=\s*\\?"([^"\\]+)|"le",\s*"([^"]+)"')
+    named = {(path.name, a or b) for path in files for a, b in pattern.findall(path.read_text())}
+    assert named, "no bucket bound found: the pattern is wrong"
+    assert {value for _, value in named} <= bounds, sorted((f, v) for f, v in named if v not in bounds)
+    assert {value for _, value in named} >= {"0.468495", "0.050066"}  # the rules' default SLA
 
 
 def test_sla_dashboard_shows_what_the_issue_asks_for() -> None:
@@ -423,13 +456,16 @@ def test_operator_rbac_is_exactly_what_it_uses() -> None:
         ("fleetpilot.dev", "dynamographcomponents/status"): {"patch"},
         ("fleetpilot.dev", "dynamographcomponents"): writes,
         ("apps", "deployments"): writes,
+        ("apps", "statefulsets"): writes,  # multinode groups: leaders, and each group's workers
         ("", "services"): writes,
         ("", "serviceaccounts"): writes,
         ("", "configmaps"): writes,
         ("policy", "poddisruptionbudgets"): writes,
         ("rbac.authorization.k8s.io", "roles"): writes,
         ("rbac.authorization.k8s.io", "rolebindings"): writes,
-        ("", "pods"): {"get", "list", "watch"},
+        # patch: the pod-deletion-cost written before a scale-down (operator/scaledown.py), a multinode
+        # group's admission (gate, members); delete: a group restarted or released whole (operator/groups.py).
+        ("", "pods"): {"get", "list", "watch", "patch", "delete"},
         ("", "events"): {"create"},
     }
     assert _grants(_rules(docs, "fleetpilot-operator-cluster")) == {

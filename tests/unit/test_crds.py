@@ -243,8 +243,11 @@ def test_defaulted_sub_objects_carry_their_defaults(graph_schema: dict[str, Any]
     assert node_at(graph_schema, "spec.components.frontend")["default"] == {
         "replicas": 1,
         "router": {"policy": "prefix-aware"},
+        "drainSeconds": 120,
+        "holdQueue": 256,
     }
     assert node_at(graph_schema, "spec.planner")["default"]["mode"] == "off"
+    assert node_at(graph_schema, "spec.rollout")["default"] == {"progressDeadlineSeconds": 600}
 
 
 def test_several_non_null_branches_are_refused() -> None:
@@ -284,9 +287,19 @@ def test_cel_replicas_within_scaling_bounds(graph_schema: dict[str, Any], worker
 
 
 @pytest.mark.parametrize("worker", api.WORKER_COMPONENTS)
-def test_cel_gpus_equal_tensor_times_pipeline(graph_schema: dict[str, Any], worker: str) -> None:
+def test_cel_gpus_times_nodes_equal_tensor_times_pipeline(graph_schema: dict[str, Any], worker: str) -> None:
     rules = cel_rules(node_at(graph_schema, f"spec.components.{worker}"))
-    assert "self.parallelism.tensor * self.parallelism.pipeline == self.gpus" in rules
+    assert "self.parallelism.tensor * self.parallelism.pipeline == self.gpus * self.nodes" in rules
+
+
+def test_cel_multinode_graph_names_leave_room_for_group_statefulsets(graph_schema: dict[str, Any]) -> None:
+    """28 = 52 - len("-aggregated-<8-hex generation>-999"): a group's worker StatefulSet name must
+    leave its pods' controller-revision-hash label within 63 characters."""
+    assert api.MAX_MULTINODE_GRAPH_NAME_LENGTH == 28
+    (rule,) = [r for r in cel_rules(graph_schema) if "nodes > 1" in r]
+    for worker in api.WORKER_COMPONENTS:
+        assert f"self.spec.components.{worker}.nodes > 1" in rule
+    assert "self.metadata.name.size() <= 28" in rule
 
 
 def test_cel_scaling_min_not_above_max(graph_schema: dict[str, Any]) -> None:
@@ -316,11 +329,12 @@ def test_cel_profile_required_when_a_real_engine_is_planned(graph_schema: dict[s
 
 
 def test_cel_gpu_budget_covers_every_pools_minimum(graph_schema: dict[str, Any]) -> None:
+    """Every pod of a multinode replica holds GPUs: a pool's minimum is scaling.min × gpus × nodes."""
     (rule,) = [r for r in cel_rules(node_at(graph_schema, "spec")) if "gpuBudget" in r]
     assert rule.startswith("!has(self.planner.gpuBudget) || self.planner.gpuBudget >= ")
     for pool in api.WORKER_COMPONENTS:
         assert (f"(has(self.components.{pool}) ? self.components.{pool}.scaling.min * self.components.{pool}.gpus"
-                " : 0)") in rule
+                f" * self.components.{pool}.nodes : 0)") in rule
 
 
 def test_every_cel_rule_has_a_message(crds: dict[str, dict[str, Any]]) -> None:

@@ -98,6 +98,14 @@ def test_only_ready_pods_with_an_ip_become_workers() -> None:
     assert worker_from_pod(pod(role="frontend")) is None
 
 
+def test_a_multinode_replica_is_reached_through_its_leader_only() -> None:
+    leader, worker = pod(), pod()
+    leader["metadata"]["labels"]["fleetpilot.dev/group-role"] = "leader"
+    worker["metadata"]["labels"]["fleetpilot.dev/group-role"] = "worker"
+    assert worker_from_pod(leader) is not None
+    assert worker_from_pod(worker) is None
+
+
 def mooncake_blocks(limit: int) -> list[list[int]]:
     import json
     from pathlib import Path
@@ -129,3 +137,38 @@ def test_prefix_aware_routing_beats_round_robin_on_the_mooncake_trace() -> None:
     print(f"\nprefix-cache block hit rate on 3,000 Mooncake requests, 4 prefill workers: "
           f"prefix-aware {prefix:.1%}, round-robin {round_robin:.1%}")
     assert prefix > round_robin + 0.10
+
+
+def test_a_pods_generation_comes_with_it() -> None:
+    labelled = pod()
+    labelled["metadata"]["labels"]["fleetpilot.dev/generation"] = "abc123"
+    assert worker_from_pod(labelled) == routing.Worker("http://127.1.0.9:8123", "decode", "w-1", "abc123")
+
+
+# -- generation pairing: a KV cache never crosses engine or model versions ---------------------------------
+
+
+def gen(role: str, generation: str, i: int) -> routing.Worker:
+    return routing.Worker(f"http://127.0.{ord(generation[0])}.{i}:8000", role, f"{role}-{generation}-{i}", generation)
+
+
+def test_prefill_goes_only_to_a_generation_that_has_decode_workers_too() -> None:
+    # Mid-rollout: the new generation's prefill is Ready before any of its decode workers.
+    prefill = [gen("prefill", "old", 1), gen("prefill", "new", 1), gen("prefill", "new", 2)]
+    decode = [gen("decode", "old", 1)]
+    assert routing.paired(prefill, decode) == [prefill[0]]
+    decode.append(gen("decode", "new", 1))
+    assert routing.paired(prefill, decode) == prefill
+    assert routing.paired(prefill, []) == []
+
+
+def test_decode_goes_only_to_the_prefill_workers_generation() -> None:
+    decode = [gen("decode", "old", 1), gen("decode", "new", 1), gen("decode", "new", 2)]
+    assert routing.same_generation(decode, "new") == decode[1:]
+    assert routing.same_generation(decode, "gone") == []
+
+
+def test_pods_from_before_generations_pair_with_each_other() -> None:
+    legacy_p, legacy_d = routing.Worker("http://p", "prefill", "p"), routing.Worker("http://d", "decode", "d")
+    assert routing.paired([legacy_p, gen("prefill", "new", 1)], [legacy_d]) == [legacy_p]
+    assert routing.same_generation([legacy_d, gen("decode", "new", 1)], "") == [legacy_d]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from fleetpilot.frontend import metrics as frontend_metrics
 from fleetpilot.planner import budget, live, observe
 
 
@@ -460,3 +461,195 @@ def test_graphs_on_their_own_are_planned_side_by_side_and_budgeted_ones_in_turn(
     asyncio.run(planner.tick())
     assert len(kube.statuses) == 15
     assert kube.most == {False: live.PLAN_CONCURRENCY, True: 1}
+
+
+def test_planned_side_by_side_a_graph_rolling_out_holds_and_one_asleep_stays_at_zero(monkeypatch: Any) -> None:
+    """The concurrent interval holds what the one-by-one one held: a graph whose rollout is under way gets
+    no /scale write (advice only), a graph asleep keeps its sleeping pool at zero, the others scale."""
+    from fleetpilot import scrape
+    from fleetpilot.api import contract
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+
+    class ByGraph(StatusRecorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.by_graph: dict[str, dict[str, Any]] = {}
+
+        async def apply(self, manifest: dict[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
+            self.by_graph[manifest["metadata"]["name"]] = manifest["status"]["planner"]
+            return await super().apply(manifest, subresource=subresource)
+
+    kube = ByGraph()
+    busy = core.Observation(time=0.0, rate_rps=30.0, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02)
+    planner = live.LivePlanner(kube, Fixed(busy), clock=lambda: 0.0)  # type: ignore[arg-type]
+    planner._started = True
+    for watcher in planner._informers:
+        watcher.synced.set()
+    names = ["rolling", "sleepy", *(f"busy-{i}" for i in range(4))]
+    for name in names:
+        prefill_min = 0 if name == "sleepy" else 1
+        planner.graphs.upsert({
+            "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+            "metadata": {"name": name, "namespace": "ns", "generation": 1, "resourceVersion": "1"},
+            "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                     "components": {"prefill": {"scaling": {"min": prefill_min, "max": 8}},
+                                    "decode": {"scaling": {"min": 1, "max": 8}}},
+                     "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
+                                 "fastPathSeconds": 0, "idleSeconds": 300}},
+            "status": {"rollout": {"target": "abc", "phase": "Progressing"}} if name == "rolling" else {}})
+        for pool in ("prefill", "decode"):
+            planner.components.upsert({"kind": api.COMPONENT_KIND, "metadata": {
+                "name": f"{name}-{pool}", "namespace": "ns", "resourceVersion": "1"}, "spec": {"replicas": 1}})
+    planner.frontend_pods.upsert({"kind": "Pod", "metadata": {
+        "name": "sleepy-frontend-1", "namespace": "ns", "resourceVersion": "1",
+        "labels": {contract.LABEL_GRAPH: "sleepy", contract.LABEL_COMPONENT: "frontend"}},
+        "status": {"podIP": "127.9.9.9", "conditions": [{"type": "Ready", "status": "True"}]}})
+
+    async def read_texts(client: Any, urls: list[str]) -> list[str]:
+        return [(f'{contract.HELD_METRIC}{{model="m"}} 0\n{contract.IDLE_METRIC}{{model="m"}} 900\n'
+                 f'{contract.INFLIGHT_METRIC}{{model="m"}} 0\n')]
+
+    monkeypatch.setattr(scrape, "read_texts", read_texts)
+    asyncio.run(planner.tick())
+
+    assert len(kube.statuses) == len(names)  # every graph planned
+    assert not [name for name, _ in kube.patches if name.startswith("rolling-")]
+    assert planner.asleep[("ns", "sleepy")] is True
+    assert [body["spec"]["replicas"] for name, body in kube.patches if name == "sleepy-prefill"] in ([0], [0, 0])
+    assert [name for name, _ in kube.patches if name.startswith("busy-0-")]  # the others scale up
+    assert kube.by_graph["rolling"]["reason"].startswith("advising until the rollout completes")
+    assert (kube.by_graph["sleepy"]["replicas"]["prefill"], kube.by_graph["sleepy"]["binding"]["prefill"]) == (0, "idle")
+    assert kube.by_graph["busy-0"]["reason"].startswith("scaling")
+
+
+def test_the_planner_exports_each_graphs_sla_with_the_bucket_the_alerts_count_by() -> None:
+    """The SLA gauges carry the frontend bucket bound nearest each target (`le`, the frontend's own label
+    value), which the alert rules join on; a changed target's old bound goes, so no graph has two."""
+    from prometheus_client import REGISTRY
+
+    from fleetpilot.api import v1alpha1 as api
+
+    planner = live.LivePlanner(None, None)  # type: ignore[arg-type]
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"namespace": "ns", "graph": "sla", **labels})
+
+    planner._export_sla("ns", "sla", api.SlaTarget(ttft_ms=1000, itl_ms=65, percentile=95))
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.942311") == 1.0
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="itl", le="0.066212") == 0.065
+    assert sample("fleetpilot_planner_sla_objective_ratio") == 0.95
+    assert {0.942311, 0.066212} <= set(frontend_metrics.LATENCY_BUCKETS)  # the frontend's own bounds
+
+    planner._export_sla("ns", "sla", api.SlaTarget(ttft_ms=500, itl_ms=65, percentile=90))
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.942311") is None
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="ttft", le="0.468495") == 0.5
+    assert sample("fleetpilot_planner_sla_target_seconds", metric="itl", le="0.066212") == 0.065
+
+
+# -- scale to zero and back, and the hold during a rollout ----------------------------------------------------
+
+
+def zero_planner(monkeypatch: Any, *, held: float, idle_s: float, replicas: int,
+                 rollout: str | None = None) -> tuple[live.LivePlanner, Recorder, dict[str, Any]]:
+    from fleetpilot import scrape
+    from fleetpilot.api import contract
+    from fleetpilot.api import v1alpha1 as api
+
+    kube = Recorder()
+    planner = live.LivePlanner(kube, Queues(None))  # type: ignore[arg-type]
+    body: dict[str, Any] = {
+        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND, "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                 "components": {"prefill": {"replicas": 1, "scaling": {"min": 0, "max": 4}},
+                                "decode": {"replicas": 1, "scaling": {"min": 1, "max": 4}}},
+                 "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "idleSeconds": 300}}}
+    if rollout:
+        body["status"] = {"rollout": {"target": "abc", "phase": rollout}}
+    for pool in ("prefill", "decode"):
+        planner.components.upsert({"kind": api.COMPONENT_KIND, "metadata": {
+            "name": f"g-{pool}", "namespace": "ns", "resourceVersion": "1"}, "spec": {"replicas": replicas}})
+    planner.frontend_pods.upsert({"kind": "Pod", "metadata": {
+        "name": "g-frontend-1", "namespace": "ns", "resourceVersion": "1",
+        "labels": {contract.LABEL_GRAPH: "g", contract.LABEL_COMPONENT: "frontend"}},
+        "status": {"podIP": "127.9.9.9", "conditions": [{"type": "Ready", "status": "True"}]}})
+    text = (f'{contract.HELD_METRIC}{{model="m"}} {held}\n{contract.IDLE_METRIC}{{model="m"}} {idle_s}\n'
+            f'{contract.INFLIGHT_METRIC}{{model="m"}} {held}\n')
+
+    async def read_texts(client: Any, urls: list[str]) -> list[str]:
+        assert urls == ["http://127.9.9.9:8000"]
+        return [text]
+
+    monkeypatch.setattr(scrape, "read_texts", read_texts)
+    return planner, kube, body
+
+
+def test_a_held_request_wakes_the_pools_at_zero_at_once(monkeypatch: Any) -> None:
+    planner, kube, body = zero_planner(monkeypatch, held=2, idle_s=0, replicas=0)
+    assert asyncio.run(planner.wake_or_sleep(body)) == {"prefill": 1}  # decode's min is 1: never at zero
+    assert kube.patches == [("g-prefill", {"spec": {"replicas": 1}})]
+    assert kube.events[0].startswith("WokenUp: prefill 0→1: 2 request(s) held")
+    assert planner.asleep[("ns", "g")] is False
+
+
+def test_after_the_idle_window_the_pools_that_may_sleep_go_to_zero(monkeypatch: Any) -> None:
+    planner, kube, body = zero_planner(monkeypatch, held=0, idle_s=301, replicas=2)
+    assert asyncio.run(planner.wake_or_sleep(body)) == {"prefill": 0}
+    assert kube.events[0].startswith("ScaledToZero: prefill 2→0: no request for 301 s")
+    assert planner.asleep[("ns", "g")] is True
+    # The interval's plan stands aside while asleep: it never sizes below one replica.
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+
+    plan = core.Plan(replicas={"prefill": 1, "decode": 1}, reasons=["sized"], data_ok=True,
+                     observed=core.Observation(time=0.0))
+    asleep = live._asleep(plan, api.DynamoGraph.model_validate(body))
+    assert asleep.replicas == {"prefill": 0, "decode": 1} and asleep.binding["prefill"] == "idle"
+
+
+def test_nothing_scales_to_zero_or_wakes_during_a_rollout(monkeypatch: Any) -> None:
+    planner, kube, body = zero_planner(monkeypatch, held=0, idle_s=900, replicas=2, rollout="Progressing")
+    assert asyncio.run(planner.wake_or_sleep(body)) == {} and not kube.patches
+    assert live.rolling_out(body) and not live.rolling_out({**body, "status": {"rollout": {"phase": "Stalled"}}})
+
+
+def test_the_profile_drift_condition_is_reported_kept_while_holding_and_announced_once() -> None:
+    """The planner applies status server-side: a condition it stops sending is removed. So a report without a
+    verdict (holding for lack of metrics) sends the ProfileDrift condition the graph already has; a change to
+    True is a Warning Event, an unchanged True is not."""
+    from fleetpilot.planner import core, drift
+
+    class Applied(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.applied: list[dict[str, Any]] = []
+            self.warnings: list[str] = []
+
+        async def apply(self, manifest: dict[str, Any], *, subresource: str) -> None:
+            self.applied.append(manifest)
+
+        async def event(self, body: dict[str, Any], *, type_: str, reason: str, message: str) -> None:
+            await super().event(body, type_=type_, reason=reason, message=message)
+            if type_ == "Warning":
+                self.warnings.append(reason)
+
+    kube = Applied()
+    planner = live.LivePlanner(kube, None)  # type: ignore[arg-type]
+    body: dict[str, Any] = {"metadata": {"name": "g", "namespace": "ns", "generation": 2},
+                            "spec": {"planner": {"mode": "sla"}}, "status": {"conditions": []}}
+    slow = drift.judge([drift.Sample(itl_observed_s=0.026, itl_predicted_s=0.02)] * 6)
+    plan = core.Plan(replicas={}, reasons=[], data_ok=True, observed=core.Observation(time=0.0), drift=slow)
+
+    def conditions() -> dict[str, dict[str, Any]]:
+        return {c["type"]: c for c in kube.applied[-1]["status"]["conditions"]}
+
+    asyncio.run(planner._report(body, plan=plan, active=True, reason="Planning", message="m"))
+    drifted = conditions()["ProfileDrift"]
+    assert (drifted["status"], drifted["reason"]) == ("True", "Drifted") and "×1.30" in drifted["message"]
+    assert kube.warnings == ["ProfileDrift"]
+
+    body["status"]["conditions"] = list(conditions().values())
+    asyncio.run(planner._report(body, plan=None, active=False, reason="NoMetrics", message="holding"))
+    assert conditions()["ProfileDrift"] == drifted
+    asyncio.run(planner._report(body, plan=plan, active=True, reason="Planning", message="m"))
+    assert kube.warnings == ["ProfileDrift", "NoMetrics"]  # the drift was not announced again

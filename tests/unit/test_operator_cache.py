@@ -102,7 +102,17 @@ def test_projections_drop_what_nobody_reads() -> None:
     projected = cache.projection("Pod", pod)
     assert projected["spec"] == {"nodeName": "n1", "initContainers": [],
                                  "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}
-    assert projected["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    assert projected["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                                   "podIP": "1.2.3.4"}  # where a frontend serves its per-worker load
     assert "managedFields" not in projected["metadata"]
     deployment = cache.projection("Deployment", obj("Deployment", "d", "1", spec={"replicas": 2}))
     assert deployment["spec"] == {"replicas": 2} and "managedFields" not in deployment["metadata"]
+
+
+def test_a_pod_keeps_what_multinode_groups_read() -> None:
+    """A group leader's scheduling gate and recorded members; no other annotation."""
+    pod = obj("Pod", "g-0", "1", spec={"schedulingGates": [{"name": contract.GROUP_SCHEDULING_GATE}], "containers": []})
+    pod["metadata"]["annotations"] = {contract.ANNOTATION_GROUP_MEMBERS: "u1,u2", "other.example/x": "big"}
+    projected = cache.projection("Pod", pod)
+    assert projected["spec"]["schedulingGates"] == [{"name": contract.GROUP_SCHEDULING_GATE}]
+    assert projected["metadata"]["annotations"] == {contract.ANNOTATION_GROUP_MEMBERS: "u1,u2"}

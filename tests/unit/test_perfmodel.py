@@ -445,3 +445,38 @@ def test_fp8_kv_cache_doubles_capacity_and_halves_transfers() -> None:
 def test_rejects_nonsense_parallelism() -> None:
     with pytest.raises(ValueError):
         perfmodel.PerformanceModel(LLAMA_8B, H100, tensor_parallel=0)
+
+
+# -- multinode replicas -----------------------------------------------------------------------------------
+
+LLAMA_70B = perfmodel.MODELS["llama-3.1-70b"]
+
+
+def test_a_tensor_parallel_group_across_nodes_pays_the_network_per_all_reduce() -> None:
+    """Llama-70B TP16 on two 8-GPU nodes: the same memory and FLOPs as TP16 on one (NVLink) box, but
+    its all-reduces run at the NIC's bandwidth with more latency each, so every step is slower."""
+    one_box = perfmodel.PerformanceModel(LLAMA_70B, H200, tensor_parallel=16)
+    two_nodes = perfmodel.PerformanceModel(LLAMA_70B, H200, tensor_parallel=16, nodes=2)
+    assert two_nodes.kv_capacity_tokens() == one_box.kv_capacity_tokens()
+    extra_latency = 2 * LLAMA_70B.layers * perfmodel.NETWORK_LATENCY_S
+    assert two_nodes.decode_step_time(1, 1000) - one_box.decode_step_time(1, 1000) == pytest.approx(
+        extra_latency, rel=0.05)
+    # A long prompt moves a lot of activations: the network's ninth of NVLink's bandwidth shows.
+    assert two_nodes.prefill_time(8192) > 1.5 * one_box.prefill_time(8192)
+    # Capacity follows the parallelism: Llama-70B has 8 KV heads, which shard no further than TP8, so
+    # TP16 replicates them: twice the GPUs hold only the KV the halved weights leave room for.
+    tp8 = perfmodel.PerformanceModel(LLAMA_70B, H200, tensor_parallel=8)
+    assert 1.0 < two_nodes.kv_capacity_tokens() / tp8.kv_capacity_tokens() < 1.1
+
+
+def test_pipeline_stages_on_two_nodes_pay_one_hand_off_per_step() -> None:
+    one_box = perfmodel.PerformanceModel(LLAMA_70B, H200, tensor_parallel=8, pipeline_parallel=2)
+    two_nodes = perfmodel.PerformanceModel(LLAMA_70B, H200, tensor_parallel=8, pipeline_parallel=2, nodes=2)
+    hand_off = perfmodel.NETWORK_LATENCY_S + 64 * LLAMA_70B.hidden_size * 2 / perfmodel.NETWORK_BANDWIDTH
+    assert two_nodes.decode_step_time(64, 64_000) - one_box.decode_step_time(64, 64_000) == pytest.approx(hand_off)
+    assert two_nodes.kv_capacity_tokens() == one_box.kv_capacity_tokens()
+
+
+def test_nodes_must_divide_the_replicas_gpus() -> None:
+    with pytest.raises(ValueError, match="nodes must divide"):
+        perfmodel.PerformanceModel(LLAMA_70B, H200, tensor_parallel=8, nodes=3)

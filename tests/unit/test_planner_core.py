@@ -296,3 +296,21 @@ def test_a_gpu_budget_below_the_minimums_is_a_warning_not_a_sentence(model: capa
     holding, _ = core.plan_interval(core.config_from_spec(spec), core.Observation(time=0.0, error="down"),
                                     core.GraphMemory(), current={"prefill": 2, "decode": 2}, capacity=model, now=0.0)
     assert holding.warnings is None  # not sized: the last word stands
+
+
+def test_a_multinode_group_counts_every_pods_gpus_against_the_budget(model: capacity.CapacityModel) -> None:
+    """Decode replicas of two 8-GPU pods (TP16) cost 16 GPUs each: a 40-GPU budget holds one prefill
+    replica (8) and two decode groups (32), never a third group."""
+    spec = api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": "simulator"},
+        "components": {"prefill": {"gpus": 8, "parallelism": {"tensor": 8}, "scaling": {"max": 8}},
+                       "decode": {"nodes": 2, "gpus": 8, "parallelism": {"tensor": 16}, "scaling": {"max": 8}}},
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant", "gpuBudget": 40},
+    })
+    plan_config = core.config_from_spec(spec, startup_s=120, hold_s=300)
+    assert plan_config.gpus_per_replica == {"prefill": 8, "decode": 16}
+    assert core.min_gpus(plan_config) == 24
+    plan, _ = core.plan_interval(plan_config, seen(400.0), core.GraphMemory(), current=ONE_EACH, capacity=model,
+                                 now=0.0)
+    assert 8 * plan.replicas["prefill"] + 16 * plan.replicas["decode"] <= 40
+    assert plan.wanted_gpus is not None and plan.wanted_gpus > 40 and plan.wanted_gpus % 8 == 0

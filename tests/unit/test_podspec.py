@@ -172,3 +172,20 @@ def test_the_runner_owns_simulator_pods_on_simulated_nodes_only() -> None:
     other = make_pod()
     other["metadata"]["labels"]["fleetpilot.dev/framework"] = "vllm"
     assert not podspec.is_owned(other, {"gpu-0"})
+
+
+def test_a_pods_dns_name_becomes_its_ip_as_cluster_dns_would_answer() -> None:
+    """A group's rank names its leader `<leader>.<service>.<namespace>.svc`; the runner has no DNS."""
+    spec = podspec.ProcessSpec(
+        program="fleetpilot",
+        args=("sim", "worker", "--master-addr", "g-decode-ab-0.g-decode.ns.svc", "--port", "8000"),
+        env={"LEADER": "g-decode-ab-0.g-decode.ns.svc.cluster.local", "FRONTEND": "g-frontend.ns.svc"})
+    assert podspec.pod_dns_names(spec) == {("g-decode-ab-0", "g-decode", "ns")}  # a Service's name is no pod's
+    resolved = podspec.resolve_pod_names(spec, {("g-decode-ab-0", "g-decode", "ns"): "127.2.0.7"})
+    assert resolved.args[3] == "127.2.0.7"
+    assert resolved.env == {"LEADER": "127.2.0.7", "FRONTEND": "g-frontend.ns.svc"}
+    assert podspec.resolve_pod_names(spec, {}) == spec
+    pod = make_pod()
+    pod["spec"].update(hostname="g-decode-ab-0", subdomain="g-decode")
+    assert podspec.pod_dns_key(pod) == ("g-decode-ab-0", "g-decode", pod["metadata"]["namespace"])
+    assert podspec.pod_dns_key(make_pod()) is None

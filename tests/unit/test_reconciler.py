@@ -19,7 +19,7 @@ import pytest
 from fleetpilot import kube
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.operator import cache, reconciler
+from fleetpilot.operator import cache, reconciler, render
 
 Manifest = dict[str, Any]
 
@@ -65,6 +65,13 @@ class FakeApi:
         self.calls.append(("apply" + (f"/{subresource}" if subresource else ""), manifest["kind"], meta["name"]))
         existing = self.objects[(manifest["kind"], meta["namespace"], meta["name"])]
         merge(existing, {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")})
+        return self._stamp(existing)
+
+    async def patch(self, kind: str, namespace: str | None, name: str, body: Manifest, *,
+                    subresource: str | None = None) -> Manifest:
+        self.calls.append(("patch" + (f"/{subresource}" if subresource else ""), kind, name))
+        existing = self.objects[(kind, namespace or "", name)]
+        merge(existing, body)
         return self._stamp(existing)
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Manifest:
@@ -136,6 +143,17 @@ def graph_manifest() -> Manifest:
     }
 
 
+def generation(spec_change: Manifest | None = None) -> str:
+    manifest = graph_manifest()
+    merge(manifest["spec"], spec_change or {})
+    return render.generation_of(api.DynamoGraph.model_validate(manifest), render.RenderSettings())
+
+
+def deployment(component: str, spec_change: Manifest | None = None) -> str:
+    """The name of a worker component's Deployment (and PDB) of the graph's generation."""
+    return contract.generation_child_name("g", component, generation(spec_change))
+
+
 def setup() -> tuple[FakeApi, reconciler.GraphReconciler]:
     fake = FakeApi()
     fake.put(graph_manifest())
@@ -146,7 +164,7 @@ def test_a_second_pass_over_an_unchanged_graph_sends_nothing() -> None:
     fake, graphs = setup()
     asyncio.run(graphs.reconcile("ns", "g"))
     first = fake.writes()
-    assert ("create", "Deployment", "g-decode") in first
+    assert ("create", "Deployment", deployment("decode")) in first
     assert ("apply/status", api.GRAPH_KIND, "g") in first
     fake.calls.clear()
     asyncio.run(graphs.reconcile("ns", "g"))
@@ -156,33 +174,134 @@ def test_a_second_pass_over_an_unchanged_graph_sends_nothing() -> None:
 def test_a_hand_edit_is_applied_away_with_one_request() -> None:
     fake, graphs = setup()
     asyncio.run(graphs.reconcile("ns", "g"))
-    fake.objects[("Deployment", "ns", "g-decode")]["spec"]["replicas"] = 7
+    fake.objects[("Deployment", "ns", deployment("decode"))]["spec"]["replicas"] = 7
     fake.calls.clear()
     asyncio.run(graphs.reconcile("ns", "g"))
-    assert fake.writes() == [("apply", "Deployment", "g-decode")]
-    assert fake.objects[("Deployment", "ns", "g-decode")]["spec"]["replicas"] == 2
+    assert fake.writes() == [("apply", "Deployment", deployment("decode"))]
+    assert fake.objects[("Deployment", "ns", deployment("decode"))]["spec"]["replicas"] == 2
 
 
 def test_a_child_deleted_by_hand_is_created_again() -> None:
     fake, graphs = setup()
     asyncio.run(graphs.reconcile("ns", "g"))
     watch_delivers(graphs, fake)
-    delete_by_hand(graphs, fake, "PodDisruptionBudget", "g-prefill")
+    delete_by_hand(graphs, fake, "PodDisruptionBudget", deployment("prefill"))
     fake.calls.clear()
     asyncio.run(graphs.reconcile("ns", "g"))
-    assert fake.writes() == [("create", "PodDisruptionBudget", "g-prefill")]
+    assert fake.writes() == [("create", "PodDisruptionBudget", deployment("prefill"))]
 
 
 def test_a_spec_change_applies_only_what_it_changes() -> None:
     fake, graphs = setup()
     asyncio.run(graphs.reconcile("ns", "g"))
     stored = fake.objects[(api.GRAPH_KIND, "ns", "g")]
-    stored["spec"]["engine"]["args"] = ["--max-num-seqs", "64"]
+    stored["spec"]["components"]["decode"]["drainSeconds"] = 300  # not an engine change: same generation
     stored["metadata"]["generation"] = 2
     fake.calls.clear()
     asyncio.run(graphs.reconcile("ns", "g"))
     applied = {name for verb, kind, name in fake.writes() if verb == "apply" and kind == "Deployment"}
-    assert applied == {"g-prefill", "g-decode"}  # the frontend's Deployment does not run the engine
+    assert applied == {deployment("decode")}  # rolled in place; prefill and the frontend are untouched
+
+
+def ready(fake: FakeApi, name: str, replicas: int | None = None) -> None:
+    """The Deployment controller's report: every replica asked for is Ready (`replicas` still exist)."""
+    obj = fake.objects[("Deployment", "ns", name)]
+    wanted = obj["spec"]["replicas"]
+    obj["status"] = {"replicas": wanted if replicas is None else replicas, "readyReplicas": wanted,
+                     "availableReplicas": wanted, "updatedReplicas": wanted, "observedGeneration": 1}
+
+
+def rollout_status(fake: FakeApi) -> Manifest:
+    status: Manifest = fake.objects[(api.GRAPH_KIND, "ns", "g")]["status"]
+    return status
+
+
+def change_engine(fake: FakeApi) -> dict[str, Any]:
+    change = {"engine": {"args": ["--max-num-seqs", "64"]}}
+    stored = fake.objects[(api.GRAPH_KIND, "ns", "g")]
+    merge(stored["spec"], change)
+    stored["metadata"]["generation"] = 2
+    return change
+
+
+def engine_changed() -> tuple[FakeApi, reconciler.GraphReconciler, dict[str, Any]]:
+    """A graph all Ready on its first generation, then an engine change reconciled once."""
+    fake, graphs = setup()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    for component in ("prefill", "decode"):
+        ready(fake, deployment(component))
+    change = change_engine(fake)
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    return fake, graphs, change
+
+
+def test_an_engine_change_starts_a_new_generation_beside_the_old() -> None:
+    fake, _, change = engine_changed()
+    # One surge replica per component on the new generation; the old keeps all of its replicas.
+    created = {name for verb, kind, name in fake.writes() if verb == "create"}
+    assert created == {f"{deployment(c, change)}" for c in ("prefill", "decode")}, fake.writes()
+    assert not [call for call in fake.writes() if call[0] == "delete"]
+    for component, total in (("prefill", 1), ("decode", 2)):
+        assert fake.objects[("Deployment", "ns", deployment(component, change))]["spec"]["replicas"] == 1
+        assert fake.objects[("Deployment", "ns", deployment(component))]["spec"]["replicas"] == total
+    new = fake.objects[("Deployment", "ns", deployment("decode", change))]
+    assert new["spec"]["template"]["metadata"]["labels"][contract.LABEL_GENERATION] == generation(change)
+    rollout = rollout_status(fake)["rollout"]
+    assert rollout["phase"] == "Progressing" and rollout["target"] == generation(change)
+    assert [g["name"] for g in rollout["generations"]] == [generation(change), generation()]
+
+
+def test_the_old_generation_drains_as_the_new_one_becomes_ready_then_goes() -> None:
+    fake, graphs, change = engine_changed()
+    for component in ("prefill", "decode"):
+        ready(fake, deployment(component, change))
+    asyncio.run(graphs.reconcile("ns", "g"))
+    # prefill: 1/1 Ready on the new one; decode 1/2: the slower side sets the pace for both.
+    assert fake.objects[("Deployment", "ns", deployment("decode", change))]["spec"]["replicas"] == 2
+    assert fake.objects[("Deployment", "ns", deployment("decode"))]["spec"]["replicas"] == 1
+    assert fake.objects[("Deployment", "ns", deployment("prefill"))]["spec"]["replicas"] == 1
+    for component in ("prefill", "decode"):
+        ready(fake, deployment(component, change))
+    asyncio.run(graphs.reconcile("ns", "g"))
+    for component in ("prefill", "decode"):
+        assert fake.objects[("Deployment", "ns", deployment(component))]["spec"]["replicas"] == 0
+        ready(fake, deployment(component), replicas=1)  # draining: a pod still terminating
+    asyncio.run(graphs.reconcile("ns", "g"))
+    assert ("Deployment", "ns", deployment("decode")) in fake.objects  # not before its pods are gone
+    for component in ("prefill", "decode"):
+        ready(fake, deployment(component), replicas=0)
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    deleted = {(kind, name) for verb, kind, name in fake.writes() if verb == "delete"}
+    assert deleted == {(kind, deployment(c)) for c in ("prefill", "decode")
+                       for kind in ("Deployment", "PodDisruptionBudget")}
+    assert rollout_status(fake)["rollout"]["phase"] == "Complete"
+
+
+def test_a_crash_looping_new_generation_stalls_and_the_old_keeps_serving() -> None:
+    fake, graphs, change = engine_changed()
+    fake.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{deployment('decode', change)}-abc", "namespace": "ns",
+        "labels": {contract.LABEL_GRAPH: "g", contract.LABEL_COMPONENT: "decode",
+                   contract.LABEL_GENERATION: generation(change)}},
+        "status": {"containerStatuses": [{"name": "engine", "ready": False, "restartCount": 1,
+                                          "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}})
+    ready(fake, deployment("prefill", change))  # prefill of the new generation came up; decode cannot
+    asyncio.run(graphs.reconcile("ns", "g"))
+    status = rollout_status(fake)
+    degraded = contract.find_condition(status["conditions"], "Degraded")
+    assert degraded is not None and degraded["reason"] == "RolloutStalled", degraded
+    assert "CrashLoopBackOff" in status["rollout"]["reason"]
+    assert fake.objects[("Deployment", "ns", deployment("decode"))]["spec"]["replicas"] == 2
+    assert fake.objects[("Deployment", "ns", deployment("decode", change))]["spec"]["replicas"] == 1
+    # Reverting the spec makes the old generation the target: it is all Ready, so the new one goes.
+    stored = fake.objects[(api.GRAPH_KIND, "ns", "g")]
+    stored["spec"]["engine"]["args"] = []
+    asyncio.run(graphs.reconcile("ns", "g"))
+    for component in ("prefill", "decode"):
+        assert fake.objects[("Deployment", "ns", deployment(component, change))]["spec"]["replicas"] == 0
+    assert contract.find_condition(rollout_status(fake)["conditions"], "Degraded")["reason"] != "RolloutStalled"
 
 
 def test_a_stale_cache_neither_creates_twice_nor_repeats_events() -> None:
@@ -210,13 +329,13 @@ def test_a_deleted_predecessors_child_is_removed_not_reported_as_a_conflict() ->
     fake.calls.clear()
     with pytest.raises(reconciler.Superseded):
         asyncio.run(graphs.reconcile("ns", "g"))
-    assert ("delete", "Deployment", "g-decode") in fake.calls
+    assert ("delete", "Deployment", deployment("decode")) in fake.calls
     watch_delivers(graphs, fake)
-    for kind in ("Service", "PodDisruptionBudget"):  # what the garbage collector does meanwhile
-        fake.objects.pop((kind, "ns", "g-decode"))
+    for kind, name in (("Service", "g-decode"), ("PodDisruptionBudget", deployment("decode"))):
+        fake.objects.pop((kind, "ns", name))  # what the garbage collector does meanwhile
     asyncio.run(graphs.reconcile("ns", "g"))  # the next pass creates them under the new owner
     owner = fake.objects[(api.COMPONENT_KIND, "ns", "g-decode")]["metadata"]["uid"]
-    assert reconciler.controller_uid(fake.objects[("Deployment", "ns", "g-decode")]) == owner
+    assert reconciler.controller_uid(fake.objects[("Deployment", "ns", deployment("decode"))]) == owner
 
 
 def test_a_foreign_object_is_a_name_conflict_and_is_left_alone() -> None:

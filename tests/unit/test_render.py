@@ -235,6 +235,7 @@ def test_render_matches_golden(sample: str, component: api.ComponentName) -> Non
 def test_no_stale_golden_files() -> None:
     """Every golden file belongs to a rendered sample, so renamed samples do not leave dead files."""
     expected = {golden_file_name(sample, component) for sample, component in all_sample_components()}
+    expected |= set(MULTINODE_GOLDEN)
     present = {path.name for path in GOLDEN_DIR.glob("*.yaml")}
     assert present == expected
 
@@ -275,10 +276,15 @@ def test_selector_is_a_subset_of_pod_labels_despite_user_labels(component: api.C
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     selector = deployment["spec"]["selector"]["matchLabels"]
 
-    assert selector == {contract.LABEL_GRAPH: "llama-disagg", contract.LABEL_COMPONENT: component}
+    component_selector = {contract.LABEL_GRAPH: "llama-disagg", contract.LABEL_COMPONENT: component}
+    if component != "frontend":  # one Deployment and PDB per generation; the Service selects them all
+        assert selector == {**component_selector,
+                            contract.LABEL_GENERATION: render.generation_of(graph, SETTINGS)}
+    else:
+        assert selector == component_selector
     assert selector.items() <= pod_labels.items()
     assert pod_labels["team"] == "inference"  # harmless user labels are kept
-    assert one(objects, "Service")["spec"]["selector"] == selector
+    assert one(objects, "Service")["spec"]["selector"] == component_selector
     assert one(objects, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == selector
 
 
@@ -643,3 +649,296 @@ def test_rendering_does_not_mutate_the_graph(sample: str) -> None:
 def test_components_of_lists_frontend_then_workers() -> None:
     assert render.components_of(parse(VLLM_DISAGG)) == ["frontend", "prefill", "decode"]
     assert render.components_of(parse(SGLANG_AGG)) == ["frontend", "aggregated"]
+
+
+# -- generations, drain, scale to zero -----------------------------------------------------------------
+
+
+def _changed(sample: dict[str, Any], path: str, value: Any) -> api.DynamoGraph:
+    body = copy.deepcopy(sample)
+    node = body["spec"]
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return parse(body)
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("engine.image", "vllm/vllm-openai:v0.10.0"),
+    ("engine.args", ["--max-model-len", "8192"]),
+    ("model.name", "meta-llama/Llama-3.1-70B-Instruct-FP8"),
+    ("components.prefill.args", ["--enforce-eager"]),
+    ("components.decode.parallelism", {"tensor": 1}),
+])
+def test_what_the_engine_runs_is_a_new_generation_of_both_pools(path: str, value: Any) -> None:
+    before = render.generation_of(parse(VLLM_DISAGG), SETTINGS)
+    graph = _changed(VLLM_DISAGG, path, value)
+    if path.endswith("parallelism"):
+        graph = _changed(VLLM_DISAGG, "components.decode", {
+            **VLLM_DISAGG["spec"]["components"]["decode"], "parallelism": value, "gpus": 1})
+    after = render.generation_of(graph, SETTINGS)
+    assert after != before
+    for component in ("prefill", "decode"):  # graph-wide: a change to one pool rolls both
+        name = one(render_workload(graph, component), "Deployment")["metadata"]["name"]
+        assert name == contract.generation_child_name("llama-disagg", component, after)
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("components.decode.resources", {"requests": {"memory": "64Gi"}}),
+    ("components.decode.drainSeconds", 600),
+    ("components.prefill.replicas", 3),
+    ("podTemplate.nodeSelector", {"pool": "b"}),
+    ("planner.mode", "advisory"),
+])
+def test_what_does_not_change_the_kv_cache_rolls_in_place(path: str, value: Any) -> None:
+    graph = _changed(VLLM_DISAGG, path, value)
+    if path == "planner.mode":
+        graph = _changed(VLLM_DISAGG, "planner", {"mode": "advisory", "sla": {"ttftMs": 500, "itlMs": 50}})
+    assert render.generation_of(graph, SETTINGS) == render.generation_of(parse(VLLM_DISAGG), SETTINGS)
+
+
+def test_the_simulators_image_is_part_of_its_generation() -> None:
+    graph = parse(SAMPLES["sim-disagg"])
+    assert render.generation_of(graph, SETTINGS) != render.generation_of(
+        graph, render.RenderSettings(fleetpilot_image="fleetpilot/fleetpilot:0.2.0"))
+
+
+def test_drain_seconds_set_the_grace_period_and_the_engines_own_drain() -> None:
+    graph = _changed(SAMPLES["sim-disagg"], "components.decode.drainSeconds", 45)
+    pod = one(render_workload(graph, "decode"), "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 45 + render.EXIT_MARGIN_SECONDS
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--shutdown-timeout") + 1] == "45"  # the simulator drains on SIGTERM itself
+    assert "lifecycle" not in pod["containers"][0]
+    frontend = one(render_workload(graph, "frontend"), "Deployment")["spec"]["template"]["spec"]
+    assert frontend["terminationGracePeriodSeconds"] == api.DEFAULT_DRAIN_SECONDS + render.EXIT_MARGIN_SECONDS
+
+
+def test_vllm_workers_wait_for_their_requests_before_sigterm() -> None:
+    container = one(render_workload(parse(VLLM_DISAGG), "decode"), "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["python3", "-c"]
+    assert command[3:] == ["8000", "120", "vllm:num_requests_running", "vllm:num_requests_waiting"]
+
+
+def _frontend_args(graph: api.DynamoGraph) -> list[str]:
+    args: list[str] = one(render_workload(graph, "frontend"), "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    return args
+
+
+def test_a_graph_that_may_scale_to_zero_holds_requests_in_its_frontend() -> None:
+    held = _changed(SAMPLES["sim-disagg"], "components.decode.scaling", {"min": 0, "max": 4})
+    args = _frontend_args(held)
+    assert args[args.index("--hold-seconds") + 1] == str(api.DEFAULT_HOLD_SECONDS)
+    args = _frontend_args(parse(SAMPLES["sim-disagg"]))
+    assert args[args.index("--hold-seconds") + 1] == "0"  # no pool at zero: 503 at once, as before
+    explicit = _changed(SAMPLES["sim-disagg"], "components.frontend", {"holdSeconds": 30, "holdQueue": 20})
+    args = _frontend_args(explicit)
+    assert args[args.index("--hold-seconds") + 1] == "30" and args[args.index("--hold-queue") + 1] == "20"
+
+
+def test_the_drain_hook_waits_until_the_engine_has_nothing_left() -> None:
+    """The preStop script itself, against a /metrics that says busy twice and then idle."""
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    answers: list[str] = []
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            running = 3 if len(answers) < 2 else 0
+            answers.append(f"running={running}")
+            body = (f'# HELP vllm:num_requests_running x\nvllm:num_requests_running{{model_name="m"}} {running}.0\n'
+                    'vllm:num_requests_waiting{model_name="m"} 0.0\nvllm:other 5.0\n').encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hook = render.drain_hook("vllm", 1)
+        assert hook is not None
+        command = hook["exec"]["command"]
+        # The port is the pod's; here the test server's. 60 s to drain: it stops polling once idle, then
+        # waits 5 s for KV transfers the gauges do not count.
+        argv = [sys.executable, *command[1:3], str(server.server_address[1]), "60", *command[5:]]
+        finished = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        server.shutdown()
+    assert finished.returncode == 0, finished.stderr
+    assert answers == ["running=3", "running=3", "running=0"]  # polled until idle, then stopped polling
+
+
+# -- multinode groups ----------------------------------------------------------------------------------
+
+MULTINODE = graph_dict(
+    "llama-405b",
+    "inference",
+    "uid-graph-llama-405b",
+    2,
+    {
+        "model": {"name": "meta-llama/Llama-3.1-405B-Instruct-FP8", "servedName": "llama-405b"},
+        "engine": {"framework": "vllm", "image": "vllm/vllm-openai:v0.11.0"},
+        "components": {
+            "prefill": {"replicas": 1, "nodes": 2, "gpus": 8, "parallelism": {"tensor": 8, "pipeline": 2}},
+            "decode": {"replicas": 2, "nodes": 2, "gpus": 8, "parallelism": {"tensor": 16},
+                       "scaling": {"min": 1, "max": 4}},
+        },
+        "placement": {"topologyKey": "example.com/rack"},
+    },
+)
+MULTINODE_GOLDEN = ("llama-405b.decode-leaders.yaml", "llama-405b.decode-workers.yaml")
+
+
+def leader_pod(graph: api.DynamoGraph, component: api.ComponentName, index: int = 0) -> dict[str, Any]:
+    """A leader pod as its StatefulSet makes it: enough of it to own a worker set."""
+    generation = render.generation_of(graph, SETTINGS)
+    name = f"{contract.generation_child_name(graph.metadata.name, component, generation)}-{index}"
+    return {"metadata": {"name": name, "uid": f"uid-{name}",
+                         "labels": {contract.LABEL_GENERATION: generation}}}
+
+
+def group_workers(graph: api.DynamoGraph, component: api.ComponentName, index: int = 0) -> dict[str, Any]:
+    return render.group_workers(graph, component, leader=leader_pod(graph, component, index),
+                                generation=render.generation_of(graph, SETTINGS), settings=SETTINGS)
+
+
+def test_multinode_leaders_and_workers_match_golden() -> None:
+    graph = parse(MULTINODE)
+    assert_matches_golden(MULTINODE_GOLDEN[0], yamlio.dump_all(render_component(graph, "decode")))
+    assert_matches_golden(MULTINODE_GOLDEN[1], yamlio.dump(group_workers(graph, "decode")))
+
+
+def test_a_multinode_component_runs_a_leader_statefulset_of_groups() -> None:
+    graph = parse(MULTINODE)
+    objects = render_workload(graph, "decode")
+    assert not by_kind(objects, "Deployment")
+    leaders = one(objects, "StatefulSet")
+    generation = render.generation_of(graph, SETTINGS)
+    assert leaders["metadata"]["name"] == f"llama-405b-decode-{generation}"
+    assert leaders["spec"]["replicas"] == 2  # groups, not pods
+    assert leaders["spec"]["serviceName"] == "llama-405b-decode"
+    assert leaders["spec"]["podManagementPolicy"] == "Parallel"
+    template = leaders["spec"]["template"]
+    assert leaders["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert template["metadata"]["labels"][contract.LABEL_GROUP_ROLE] == "leader"
+    assert template["spec"]["schedulingGates"] == [{"name": contract.GROUP_SCHEDULING_GATE}]
+    assert engine_container(leaders)["resources"]["limits"][GPU] == 8  # per pod
+    # The Service publishes pods before they are Ready: ranks find the leader by DNS while it waits for them.
+    assert one(objects, "Service")["spec"]["publishNotReadyAddresses"] is True
+    # One PodDisruptionBudget covers the generation's leaders and workers alike.
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == render.generation_selector("llama-405b", "decode", generation)
+    workers = group_workers(graph, "decode")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= workers["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_a_groups_workers_are_owned_by_its_leader_and_ranked_by_ordinal() -> None:
+    graph = parse(MULTINODE)
+    workers = group_workers(graph, "decode", index=1)
+    leader = leader_pod(graph, "decode", 1)["metadata"]
+    assert workers["metadata"]["name"] == leader["name"]
+    (owner,) = workers["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("Pod", leader["name"], leader["uid"], True)
+    assert workers["spec"]["replicas"] == 1 and workers["spec"]["ordinals"] == {"start": 1}
+    assert workers["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    template = workers["spec"]["template"]
+    assert workers["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert template["metadata"]["labels"][contract.LABEL_GROUP] == leader["name"]
+    assert "schedulingGates" not in template["spec"]
+    env = {e["name"]: e for e in engine_container(workers)["env"]}
+    assert env["FLEETPILOT_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert env["FLEETPILOT_LEADER_ADDRESS"]["value"] == f"{leader['name']}.llama-405b-decode.inference.svc"
+    # A worker waits for nothing: its leader drains, and it goes once the leader has gone.
+    assert template["spec"]["terminationGracePeriodSeconds"] == render.EXIT_MARGIN_SECONDS
+    assert "lifecycle" not in engine_container(workers)
+
+
+def test_a_groups_pods_take_a_node_each_in_the_leaders_topology_domain() -> None:
+    graph = parse(MULTINODE)
+    affinity = group_workers(graph, "decode")["spec"]["template"]["spec"]["affinity"]
+    leader = leader_pod(graph, "decode")["metadata"]["name"]
+    (apart,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert apart == {"labelSelector": {"matchLabels": {contract.LABEL_GRAPH: "llama-405b", contract.LABEL_GROUP: leader}},
+                     "topologyKey": "kubernetes.io/hostname"}
+    (together,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert together["topologyKey"] == "example.com/rack"
+    assert together["labelSelector"]["matchLabels"]["statefulset.kubernetes.io/pod-name"] == leader
+    # Without a topology key only the one-per-node rule; a user's own affinity is kept beside ours.
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["h200"]}]}]}}}
+    plain = with_spec(MULTINODE, placement={}, podTemplate={"affinity": user})
+    affinity = group_workers(plain, "decode")["spec"]["template"]["spec"]["affinity"]
+    assert "podAffinity" not in affinity and affinity["nodeAffinity"] == user["nodeAffinity"]
+
+
+@pytest.mark.parametrize(("framework", "leader_flags", "worker_flags"), [
+    ("vllm",
+     ["--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "0",
+      "--master-addr", "$(FLEETPILOT_LEADER_ADDRESS)", "--master-port", "29500"],
+     ["--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "$(FLEETPILOT_NODE_RANK)",
+      "--master-addr", "$(FLEETPILOT_LEADER_ADDRESS)", "--master-port", "29500", "--headless"]),
+    ("sglang",
+     ["--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "$(FLEETPILOT_LEADER_ADDRESS):29500"],
+     ["--nnodes", "2", "--node-rank", "$(FLEETPILOT_NODE_RANK)", "--dist-init-addr",
+      "$(FLEETPILOT_LEADER_ADDRESS):29500"]),
+    ("simulator",
+     ["--nnodes", "2", "--node-rank", "0", "--master-addr", "$(FLEETPILOT_LEADER_ADDRESS)", "--master-port", "29500"],
+     ["--nnodes", "2", "--node-rank", "$(FLEETPILOT_NODE_RANK)", "--master-addr", "$(FLEETPILOT_LEADER_ADDRESS)",
+      "--master-port", "29500"]),
+])
+def test_every_rank_gets_the_engines_own_multinode_flags(framework: str, leader_flags: list[str],
+                                                          worker_flags: list[str]) -> None:
+    engine = {"framework": framework, **({} if framework == "simulator" else {"image": "engine:1"})}
+    graph = with_spec(MULTINODE, engine=engine)
+    leaders = one(render_workload(graph, "decode"), "StatefulSet")
+
+    def contains(args: list[str], flags: list[str]) -> bool:
+        return any(args[i:i + len(flags)] == flags for i in range(len(args)))
+
+    leader_args = engine_container(leaders)["args"]
+    worker_args = engine_container(group_workers(graph, "decode"))["args"]
+    assert contains(leader_args, leader_flags), leader_args
+    assert contains(worker_args, worker_flags), worker_args
+    assert flag_value(leader_args, "--tensor-parallel-size" if framework != "sglang" else "--tp-size") == "16"
+    leader_env = {e["name"]: e for e in engine_container(leaders)["env"]}
+    assert leader_env["FLEETPILOT_NODE_RANK"]["value"] == "0"
+    assert leader_env["FLEETPILOT_LEADER_ADDRESS"]["value"] == "$(POD_NAME).llama-405b-decode.$(POD_NAMESPACE).svc"
+    # Kubernetes expands $(VAR) only from variables defined before: the group's come after the downward API's.
+    names = [e["name"] for e in engine_container(leaders)["env"]]
+    assert names.index("POD_NAME") < names.index("FLEETPILOT_LEADER_ADDRESS")
+
+
+def test_only_the_simulators_workers_answer_probes() -> None:
+    vllm_workers = engine_container(group_workers(parse(MULTINODE), "decode"))
+    assert not {"readinessProbe", "livenessProbe", "startupProbe"} & set(vllm_workers)
+    assert "http" not in [p["name"] for p in vllm_workers.get("ports", [])]
+    sim = with_spec(MULTINODE, engine={"framework": "simulator"})
+    sim_workers = engine_container(group_workers(sim, "decode"))
+    assert sim_workers["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_scale_counts_group_leaders_only() -> None:
+    graph = parse(MULTINODE)
+    assert render.scale_selector(graph, "decode") == {**render.selector_labels("llama-405b", "decode"),
+                                                      contract.LABEL_GROUP_ROLE: "leader"}
+    single = parse(VLLM_DISAGG)
+    assert render.scale_selector(single, "decode") == render.selector_labels("llama-disagg", "decode")
+
+
+def test_the_group_size_is_part_of_the_generation() -> None:
+    graph = parse(MULTINODE)
+    wider = with_spec(MULTINODE, components={
+        **MULTINODE["spec"]["components"],
+        "decode": {**MULTINODE["spec"]["components"]["decode"], "nodes": 4, "gpus": 4}})
+    assert render.generation_of(wider, SETTINGS) != render.generation_of(graph, SETTINGS)

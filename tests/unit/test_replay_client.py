@@ -3,7 +3,8 @@
 The server runs in-process (starlette + uvicorn in a thread) on 127.0.0.1 with an ephemeral port.
 The model name picks its behaviour, `<mode>/<tag>`: ok (first token after 50 ms, then one every
 10 ms), slow (first token after 1 s), hang (nothing for 30 s), fail (HTTP 500), drop (the connection
-closes after 3 tokens), garbage (a non-JSON event), nodone (no `[DONE]`); `mix:<mode>` applies the
+closes after 3 tokens), garbage (a non-JSON event), nodone (neither `[DONE]` nor a finish_reason),
+finished (a finish_reason, then no `[DONE]`), strict (422 for vLLM's fields); `mix:<mode>` applies the
 mode only to requests for 13 tokens and answers the others as ok. Timing bounds are wide
 on purpose: a loaded 2-core machine must not fail them; the lower bounds carry the meaning.
 """
@@ -81,10 +82,13 @@ def _app(received: list[Received]) -> Starlette:
         first = FIRST_TOKEN_S.get(mode, DEFAULT_FIRST_TOKEN_S)
         if mode == "fail":
             return JSONResponse({"error": {"message": "engine fell over"}}, status_code=500)
+        if mode == "strict" and {"ignore_eos", "min_tokens"} & set(body):
+            return JSONResponse({"detail": "Unexpected fields in the request"}, status_code=422)
         if not body.get("stream"):
             await asyncio.sleep(first + TOKEN_GAP_S * (tokens - 1))
             usage = {"prompt_tokens": 1, "completion_tokens": tokens}
-            return JSONResponse({"choices": [{"index": 0, "text": " tok" * tokens}], "usage": usage})
+            return JSONResponse({"choices": [{"index": 0, "text": " tok" * tokens, "finish_reason": "length"}],
+                                 "usage": usage})
 
         async def events() -> AsyncIterator[str]:
             yield _event({"choices": [{"index": 0, "text": ""}]})  # an empty opener is no token
@@ -96,9 +100,12 @@ def _app(received: list[Received]) -> Starlette:
                     raise ConnectionAbortedError("the engine went away")  # uvicorn cuts the stream
                 if mode == "garbage" and index == 2:
                     yield _event("{not json")
-                yield _event({"choices": [{"index": 0, "text": " tok"}]})
-            if mode == "nodone":
-                return
+                if mode == "truncated" and index == 3:
+                    break  # ends politely ([DONE] below), but short and without a finish_reason
+                last = index == tokens - 1 and mode != "nodone"
+                yield _event({"choices": [{"index": 0, "text": " tok", "finish_reason": "length" if last else None}]})
+            if mode in ("nodone", "finished"):
+                return  # "finished": said why it ended, then closed without [DONE] (Hugging Face's serve does)
             yield _event({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": tokens}})
             yield _event("[DONE]")
 
@@ -192,7 +199,8 @@ def test_requests_go_out_on_schedule_even_when_the_server_is_slow(frontend: Fake
         ("fail", "HTTP 500: .*engine fell over"),
         ("drop", "RemoteProtocolError|ReadError"),
         ("garbage", "not JSON"),
-        ("nodone", r"without `data: \[DONE\]`"),
+        ("nodone", r"without `data: \[DONE\]` or a finish_reason"),
+        ("truncated", "truncated: .*without a finish_reason"),
     ],
 )
 def test_errors_are_recorded_and_do_not_stop_the_run(
@@ -240,7 +248,11 @@ def test_cancelling_the_replay_cancels_requests_in_flight(frontend: FakeFrontend
                 requests_at(0.0, 0.05, 60.0), url=frontend.url, model="hang/cancel", on_result=seen.append
             )
         )
-        await asyncio.sleep(0.3)
+        # Cancel once both early requests are in flight at the server: a fixed sleep lost that race on a
+        # loaded machine (the client's warm-up alone can take longer).
+        deadline = time.monotonic() + 20
+        while len(frontend.bodies("hang/cancel")) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         replaying.cancel()
         with pytest.raises(asyncio.CancelledError):
             await replaying
@@ -374,3 +386,31 @@ def test_summary_and_records_are_json_and_render() -> None:
     console.print(report.render(report.summarise([])))
     assert "goodput" in console.file.getvalue()  # type: ignore[attr-defined]
     assert math.isnan(results[1].latency_s)
+
+
+def test_a_stream_that_says_why_it_ended_is_complete_without_done(frontend: FakeFrontend) -> None:
+    """OpenAI ends a stream with `data: [DONE]`; a server that closes it right after the chunk carrying the
+    finish_reason (Hugging Face's `transformers serve`) has answered in full all the same."""
+    results = run(requests_at(0.0, output_tokens=5), url=frontend.url, model="finished/served")
+    assert results[0].status == "ok", results[0].error
+    assert results[0].output_tokens == 5 and results[0].finish_reason == "length"
+
+
+def test_the_profiler_drops_vllms_length_fields_for_an_endpoint_that_refuses_them(frontend: FakeFrontend) -> None:
+    """A server that refuses unknown fields (Hugging Face's `transformers serve`: 422) is measured without
+    `min_tokens`/`ignore_eos`; one that takes them keeps them."""
+    from fleetpilot.profiler import client as profiler
+
+    async def probe(model: str) -> tuple[bool, int]:
+        endpoint = profiler.Client(frontend.url, model=model)
+        try:
+            kept = await endpoint.probe_length_extensions()
+            streams, _ = await endpoint.burst(8, 1, max_tokens=3)
+            return kept, len(streams[0].token_times)
+        finally:
+            await endpoint.aclose()
+
+    assert asyncio.run(probe("strict/probe")) == (False, 3)
+    assert "ignore_eos" not in frontend.bodies("strict/probe")[-1].body
+    assert asyncio.run(probe("ok/probe")) == (True, 3)
+    assert frontend.bodies("ok/probe")[-1].body["ignore_eos"] is True

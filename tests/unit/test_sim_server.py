@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ MODEL = "llama-8b"
 class Worker:
     url: str
     port: int
-    uvicorn: uvicorn.Server
+    uvicorn: server.DrainingServer
     thread: threading.Thread
 
     def metric(self, sample: str, **labels: str) -> float:
@@ -63,16 +64,19 @@ def _healthy(url: str) -> bool:
 @contextlib.contextmanager
 def worker(
     *, role: server.Role = "aggregated", speedup: float = 100.0, capacity: int = 1_000_000,
-    hold_timeout: float = 30.0, shutdown_timeout: int = 10,
+    hold_timeout: float = 30.0, shutdown_timeout: int = 10, kv_bandwidth: float = 50e9,
 ) -> Iterator[Worker]:
     sock = server.bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    scheduler = scheduler_mod.Scheduler(FakeTiming(capacity), scheduler_mod.SchedulerConfig(kv_hold_timeout_s=hold_timeout))
+    scheduler = scheduler_mod.Scheduler(FakeTiming(capacity), scheduler_mod.SchedulerConfig(
+        kv_hold_timeout_s=hold_timeout, kv_bandwidth_bytes_per_s=kv_bandwidth))
     config = server.ServerConfig(served_model=MODEL, role=role, advertise_host="127.0.0.1",
                                  advertise_port=port, tensor_parallel_size=2)
-    app = server.create_app(config, engine.Engine(scheduler, speedup=speedup))
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                       timeout_graceful_shutdown=shutdown_timeout))
+    sim = engine.Engine(scheduler, speedup=speedup)
+    app = server.create_app(config, sim)
+    uv = server.DrainingServer(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                              timeout_graceful_shutdown=shutdown_timeout), sim,
+                               drain_s=shutdown_timeout)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -330,6 +334,60 @@ def test_graceful_shutdown_lets_an_in_flight_stream_finish() -> None:
         assert events[-1] == "[DONE]"
         assert len([e for e in events if isinstance(e, dict)]) == 199
         w.thread.join(timeout=30)
+        assert not w.thread.is_alive()
+
+
+def prefill_only(prefill: Worker, prompt_words: int = 100) -> dict[str, Any]:
+    """The frontend's first hop: prefill, and the parameters a decode worker pulls the KV cache with."""
+    answer = httpx.post(prefill.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": words(prompt_words), "max_tokens": 1, "stream": False,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}).json()
+    params: dict[str, Any] = answer["kv_transfer_params"]
+    return params
+
+
+def test_a_decode_worker_cannot_pull_from_a_prefill_worker_that_is_gone() -> None:
+    with worker(role="decode") as decode:
+        with worker(role="prefill", hold_timeout=1e6) as prefill:
+            params = prefill_only(prefill)
+        response = httpx.post(decode.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": words(100), "max_tokens": 5, "kv_transfer_params": params})
+        assert response.status_code == 502, response.text
+        assert "prefill worker" in response.json()["error"]["message"]
+        events = stream_all(decode.url + "/v1/completions", {  # streaming: the error before any token
+            "model": MODEL, "prompt": words(100), "max_tokens": 5, "stream": True, "kv_transfer_params": params})
+        assert events[0]["error"]["type"] == "KVTransferError" and events[-1] == "[DONE]"
+        assert decode.metric("vllm:num_requests_running") == 0  # nothing left behind
+
+
+def test_on_sigterm_a_prefill_worker_stays_until_its_kv_is_pulled() -> None:
+    """Draining: the held KV cache of a finished prefill keeps the worker up (serving, so the decode
+    worker can pull it); once pulled and the quiet period over, it stops by itself."""
+    with worker(role="decode") as decode, worker(role="prefill", hold_timeout=1e6, shutdown_timeout=20) as prefill:
+        params = prefill_only(prefill)
+        prefill.uvicorn.handle_exit(signal.SIGTERM, None)
+        time.sleep(server.QUIET_S + 0.5)
+        assert prefill.thread.is_alive() and prefill.metric("vllm:kv_cache_usage_perc") > 0
+        events = stream_all(decode.url + "/v1/completions", {
+            "model": MODEL, "prompt": words(100), "max_tokens": 5, "stream": True, "kv_transfer_params": params})
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        prefill.thread.join(timeout=15)
+        assert not prefill.thread.is_alive()
+
+
+def test_on_sigterm_a_decode_worker_finishes_its_streams_and_keeps_serving_meanwhile() -> None:
+    with worker(speedup=10.0, shutdown_timeout=20) as w:  # 400 tokens: about 0.4 s
+        with httpx.stream("POST", w.url + "/v1/completions", timeout=30,
+                          json={"prompt": "x", "max_tokens": 400, "stream": True}) as response:
+            lines = response.iter_lines()
+            next(lines)
+            w.uvicorn.handle_exit(signal.SIGTERM, None)
+            # A request from a frontend that has not yet seen the pod go is still served.
+            late = httpx.post(w.url + "/v1/completions", json={"prompt": "y", "max_tokens": 3}, timeout=30)
+            assert late.status_code == 200
+            events = list(sse_events(lines))
+        assert events[-1] == "[DONE]" and len([e for e in events if isinstance(e, dict)]) == 399
+        w.thread.join(timeout=15)
         assert not w.thread.is_alive()
 
 

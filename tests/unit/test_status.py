@@ -604,3 +604,84 @@ def test_graph_status_states_the_extra_planner_condition_with_its_time() -> None
                                  now=NOW, extra=[watch.condition])
     planner = by_type(result.conditions)["PlannerActive"]
     assert (planner.status, planner.last_transition_time) == ("Unknown", NOW)
+
+
+def test_a_group_that_cannot_be_placed_whole_degrades_the_graph_by_name() -> None:
+    stuck = pod(container(8), unschedulable=True, name="g-0-2")
+    message = "decode group g-0: 2 of 3 pods placed; cannot place g-0-2: needs 8 nvidia.com/gpu (...)"
+    components = [component("frontend", 1), component("prefill", 1), component("decode", 2, 1)]
+    conditions = by_type(status.conditions(observe(components, pods=[stuck], group_problems=[message])))
+    assert (conditions["Degraded"].status, conditions["Degraded"].reason) == ("True", "GroupUnschedulable")
+    assert conditions["Degraded"].message == message
+    assert (conditions["Ready"].status, conditions["Ready"].reason) == ("False", "GroupUnschedulable")
+    assert conditions["Ready"].message.startswith(message)
+
+
+def test_a_multinode_components_summary_counts_groups() -> None:
+    observed = status.ComponentObservation(name="decode", desired=2, nodes=4, deployment={
+        "metadata": {"generation": 1}, "status": {"readyReplicas": 1, "updatedReplicas": 1}})
+    summary = status.component_status(observed)
+    assert (summary.summary, summary.nodes) == ("1/2 ×4 nodes", 4)
+    assert status.component_status(status.ComponentObservation(name="decode", desired=2, deployment=None)).nodes is None
+
+
+# -- kstatus' abnormal-true conditions -----------------------------------------------------------------
+
+
+def kstatus_view(observation: status.Observation) -> dict[str, api.Condition]:
+    written = status.graph_status(observation, previous=api.DynamoGraphStatus(), endpoint=None, now="t")
+    return by_type(written.conditions)
+
+
+def test_a_ready_graph_is_neither_reconciling_nor_stalled() -> None:
+    found = kstatus_view(observe(healthy_components()))
+    assert [c.type for c in found.values()] == list(status.OPERATOR_CONDITIONS)
+    assert found["Reconciling"].status == "False" and found["Stalled"].status == "False"
+    assert {c.observed_generation for c in found.values()} == {GENERATION}
+
+
+def test_a_rollout_is_reconciling_with_its_message() -> None:
+    found = kstatus_view(observe([component("frontend", 1), component("prefill", 4, 2), component("decode", 2)]))
+    assert found["Ready"].status == "False"
+    assert found["Reconciling"].status == "True" and found["Stalled"].status == "False"
+    assert (found["Reconciling"].reason, found["Reconciling"].message) == (
+        found["Progressing"].reason, found["Progressing"].message)
+    assert "prefill" in found["Reconciling"].message
+
+
+def test_a_degraded_graph_is_stalled_not_reconciling() -> None:
+    """Stuck on GPUs: still rolling out by Progressing, but waiting will not finish it; kstatus reads
+    Reconciling before Stalled, so the two are never True together."""
+    stuck = pod(container(4), unschedulable=True)
+    found = kstatus_view(observe([component("frontend", 1), component("prefill", 2, 1), component("decode", 2)],
+                                 pods=[stuck], capacity=status.GpuCapacity(free=2, total=8, largest_node=8)))
+    assert found["Progressing"].status == "True" and found["Degraded"].status == "True"
+    assert found["Stalled"].status == "True" and found["Reconciling"].status == "False"
+    assert (found["Stalled"].reason, found["Stalled"].message) == ("Unschedulable", found["Degraded"].message)
+
+
+def test_a_failed_reconcile_is_stalled() -> None:
+    found = kstatus_view(observe([], error=("NameConflict", "Deployment x is not ours")))
+    assert found["Stalled"].status == "True" and found["Stalled"].message == "Deployment x is not ours"
+    assert found["Reconciling"].status == "False"
+
+
+def test_whenever_ready_is_false_reconciling_or_stalled_is_true() -> None:
+    """kstatus never reads Ready: a graph that is not Ready must say why in one of its two conditions."""
+    stuck = pod(container(4), unschedulable=True)
+    observations = [
+        observe(healthy_components()),
+        observe([component("frontend", 1), component("prefill", 2, updated=1), component("decode", 2)]),
+        observe([component("frontend", 1, 0), component("prefill", 2), component("decode", 2)]),
+        observe([component("prefill", 2, 1)], pods=[stuck], capacity=status.GpuCapacity(2, 8, 8)),
+        observe([component("prefill", 8, clamped_from=12)]),
+        observe([], error=("InvalidSpec", "bad")),
+    ]
+    for observation in observations:
+        found = kstatus_view(observation)
+        if found["Ready"].status == "False":
+            assert "True" in (found["Reconciling"].status, found["Stalled"].status), found
+        else:  # serving; Stalled only if Degraded all the same (a component asked for out-of-bounds replicas)
+            assert found["Reconciling"].status == "False", found
+            assert found["Stalled"].status == found["Degraded"].status, found
+        assert not found["Reconciling"].status == found["Stalled"].status == "True", found
