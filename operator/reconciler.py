@@ -609,22 +609,28 @@ def rollout_stall(target: str, deployments: dict[str, dict[str, Manifest]], pods
 def rollout_aggregate(deployments: list[Manifest], target: str) -> Manifest | None:
     """One component's Deployments of every generation as one Deployment-shaped summary, for status:
     replicas and readiness summed, `updatedReplicas` those of the target generation only, so the
-    component's rollout is complete once the older generations are gone."""
+    component's rollout is complete once the older generations are gone; any generation's
+    ReplicaFailure (pods it cannot create: a quota, an admission webhook) carried, for
+    `status.replica_failure`."""
     if not deployments:
         return None
     total = {"replicas": 0, "readyReplicas": 0, "availableReplicas": 0}
     observed = True
     updated = 0
+    failures: list[Manifest] = []
     for deployment in deployments:
         status_ = deployment.get("status", {})
         for key in total:
             total[key] += int(status_.get(key, 0))
+        failures += [c for c in status_.get("conditions", [])
+                     if c.get("type") == "ReplicaFailure" and c.get("status") == "True"]
         observed = observed and (status_.get("observedGeneration", 0)
                                  >= deployment.get("metadata", {}).get("generation", 0))
         if deployment["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target:
             updated = int(status_.get("updatedReplicas", 0))
     return {"metadata": {"name": deployments[0]["metadata"]["name"], "generation": 1},
-            "status": {**total, "updatedReplicas": updated, "observedGeneration": 1 if observed else 0}}
+            "status": {**total, "updatedReplicas": updated, "observedGeneration": 1 if observed else 0,
+                       **({"conditions": failures} if failures else {})}}
 
 
 def rollout_status(target: str, plan: rollout.Plan, generations: list[rollout.Generation],

@@ -304,6 +304,25 @@ def test_a_crash_looping_new_generation_stalls_and_the_old_keeps_serving() -> No
     assert contract.find_condition(rollout_status(fake)["conditions"], "Degraded")["reason"] != "RolloutStalled"
 
 
+def test_a_generations_replica_failure_reaches_the_graphs_status() -> None:
+    """The status reads each component through one summary of its generations' Deployments: a quota that
+    refuses a generation's pods (ReplicaFailure) must survive that summary and name the quota."""
+    fake, graphs = setup()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    ready(fake, deployment("prefill"))
+    refused = fake.objects[("Deployment", "ns", deployment("decode"))]
+    refused["status"] = {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1,
+                         "observedGeneration": 1, "conditions": [{
+                             "type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                             "message": ('pods "x" is forbidden: exceeded quota: gpus, requested: '
+                                         "requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=2, "
+                                         "limited: requests.nvidia.com/gpu=2")}]}
+    asyncio.run(graphs.reconcile("ns", "g"))
+    degraded = contract.find_condition(rollout_status(fake)["conditions"], "Degraded")
+    assert degraded is not None and degraded["reason"] == "QuotaExceeded", degraded
+    assert "ResourceQuota gpus is exhausted" in degraded["message"]
+
+
 def test_a_stale_cache_neither_creates_twice_nor_repeats_events() -> None:
     """Right after our writes the watch has not caught up: the cache serves what the API answered us."""
     fake = FakeApi()
