@@ -29,7 +29,7 @@ from fleetpilot.devcluster import cluster as devcluster
 
 from .conftest import Kubectl, OperatorProcess, condition, wait_for
 from .test_leader import Replica, holder, start_pair
-from .test_operator import graph, ready, simulator_graph
+from .test_operator import graph, ready, simulator_graph, workload_name
 from .test_planner import INTERVAL_S, planned, planned_metrics, replicas  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.integration
@@ -42,9 +42,25 @@ def converged(kubectl: Kubectl, namespace: str, names: list[str]) -> bool:
     return all(ready(kubectl, namespace, name) for name in names)
 
 
+def one_of_each_child(kubectl: Kubectl, namespace: str, names: list[str]) -> dict[str, list[str]]:
+    """The children of each graph whose count is not what it needs (empty: exactly what it needs). A
+    worker's Deployment and PDB are its generation's: an older one goes after its pods have drained,
+    which may be a pass after the graph is Ready again."""
+    wrong = {}
+    for name in names:
+        for kind, expected in CHILD_KINDS.items():
+            found = kubectl.items(kind, namespace, f"fleetpilot.dev/graph={name}")
+            if len(found) != expected:
+                wrong[f"{kind} of {name}"] = [f["metadata"]["name"] for f in found]
+    return wrong
+
+
 def assert_one_of_each_child_and_no_orphan(kubectl: Kubectl, namespace: str, names: list[str]) -> None:
-    """Exactly the children each graph needs; every object that carries a graph's label is owned by
-    something that exists (a graph, or a DynamoGraphComponent, a Deployment, a ReplicaSet of one)."""
+    """Exactly the children each graph needs (once older generations are gone); every object that
+    carries a graph's label is owned by something that exists (a graph, or a DynamoGraphComponent, a
+    Deployment, a ReplicaSet of one)."""
+    wait_for(lambda: not one_of_each_child(kubectl, namespace, names), timeout=60,
+             what=lambda: f"one of each child: {one_of_each_child(kubectl, namespace, names)}")
     live_uids: set[str] = set()
     everything: list[dict[str, Any]] = []
     for kind in ("dg", "dgc", "deployment", "replicaset", "service", "pdb", "serviceaccount", "role",
@@ -52,11 +68,6 @@ def assert_one_of_each_child_and_no_orphan(kubectl: Kubectl, namespace: str, nam
         items = kubectl.items(kind, namespace)
         everything += [item for item in items if not item["metadata"].get("deletionTimestamp")]
         live_uids |= {item["metadata"]["uid"] for item in items}
-    for name in names:
-        selector = f"fleetpilot.dev/graph={name}"
-        for kind, expected in CHILD_KINDS.items():
-            found = kubectl.items(kind, namespace, selector)
-            assert len(found) == expected, f"{kind} of {name}: {[f['metadata']['name'] for f in found]}"
     orphans = [f"{item['kind']}/{item['metadata']['name']}" for item in everything
                if item["metadata"].get("labels", {}).get("fleetpilot.dev/graph")
                and item["kind"] != "DynamoGraph"
@@ -97,7 +108,8 @@ def test_operator_sigkilled_at_random_points_while_graphs_change_converges(
     for name in names:
         for pool in ("prefill", "decode"):
             asked = kubectl.json("get", "dgc", f"{name}-{pool}", "-n", namespace)["spec"]["replicas"]
-            assert kubectl.json("get", "deployment", f"{name}-{pool}", "-n", namespace)["spec"]["replicas"] == asked
+            deployment = workload_name(kubectl, namespace, "deployment", name, pool)
+            assert kubectl.json("get", "deployment", deployment, "-n", namespace)["spec"]["replicas"] == asked
     events = collections.Counter((e["involvedObject"]["name"], e["reason"]) for e in kubectl.items("events", namespace)
                                  if e["involvedObject"]["kind"] == "DynamoGraph")
     print(f"\n{KILLS} kills, {edits} changes; Events per graph and reason: {dict(events)}")
@@ -112,18 +124,19 @@ def test_hand_edits_of_child_deployments_are_reverted(
 ) -> None:
     kubectl.apply(simulator_graph("edited"), namespace)
     wait_for(lambda: ready(kubectl, namespace, "edited"), what="Ready")
+    decode = workload_name(kubectl, namespace, "deployment", "edited", "decode")  # its generation's name
     took = {}
     for what, args, check in [
-        ("replicas", ["scale", "deployment/edited-decode", "--replicas=5"],
+        ("replicas", ["scale", f"deployment/{decode}", "--replicas=5"],
          lambda d: d["spec"]["replicas"] == 2),
-        ("image", ["set", "image", "deployment/edited-decode", "engine=example.com/not-ours:1"],
+        ("image", ["set", "image", f"deployment/{decode}", "engine=example.com/not-ours:1"],
          lambda d: d["spec"]["template"]["spec"]["containers"][0]["image"] != "example.com/not-ours:1"),
-        ("label", ["label", "deployment/edited-decode", "fleetpilot.dev/component=hijacked", "--overwrite"],
+        ("label", ["label", f"deployment/{decode}", "fleetpilot.dev/component=hijacked", "--overwrite"],
          lambda d: d["metadata"]["labels"]["fleetpilot.dev/component"] == "decode"),
     ]:
         kubectl.run(*args, "-n", namespace)
         started = time.monotonic()
-        wait_for(lambda check=check: check(kubectl.json("get", "deployment", "edited-decode", "-n", namespace)),
+        wait_for(lambda check=check: check(kubectl.json("get", "deployment", decode, "-n", namespace)),
                  timeout=30, interval=0.1, what=f"the hand-edited {what} reverted")
         took[what] = round(time.monotonic() - started, 2)
     print(f"\nhand edits reverted after (s): {took}")
@@ -188,7 +201,8 @@ def test_apiserver_restarts_and_etcd_outage_while_the_planner_scales(
     wait_for(settled, timeout=6 * INTERVAL_S, what=lambda: f"a decision after etcd's return, written; "
              f"planner log:\n{planned['log'].read_text()[-3000:]}")
     for pool, asked in replicas(kubectl, namespace).items():
-        wait_for(lambda pool=pool, asked=asked: kubectl.json("get", "deployment", f"planned-{pool}", "-n", namespace)
+        deployment = workload_name(kubectl, namespace, "deployment", "planned", pool)
+        wait_for(lambda deployment=deployment, pool=pool: kubectl.json("get", "deployment", deployment, "-n", namespace)
                  ["spec"]["replicas"] == replicas(kubectl, namespace)[pool], timeout=60,
                  what=f"the operator to run the {pool} count the planner wrote")
     assert operator.alive() and planned["alive"]()
