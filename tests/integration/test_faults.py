@@ -200,7 +200,7 @@ def test_apiserver_restarts_and_etcd_outage_while_the_planner_scales(
 
     wait_for(settled, timeout=6 * INTERVAL_S, what=lambda: f"a decision after etcd's return, written; "
              f"planner log:\n{planned['log'].read_text()[-3000:]}")
-    for pool, asked in replicas(kubectl, namespace).items():
+    for pool in replicas(kubectl, namespace):
         deployment = workload_name(kubectl, namespace, "deployment", "planned", pool)
         wait_for(lambda deployment=deployment, pool=pool: kubectl.json("get", "deployment", deployment, "-n", namespace)
                  ["spec"]["replicas"] == replicas(kubectl, namespace)[pool], timeout=60,
