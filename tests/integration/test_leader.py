@@ -75,6 +75,14 @@ class Replica:
         return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
                    if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
 
+    def serving(self) -> bool:
+        """Whether the process answers on its metrics port (it starts serving before it campaigns)."""
+        try:
+            httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5)
+        except httpx.TransportError:
+            return False
+        return True
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -106,6 +114,8 @@ def start_pair(replicas: list[Replica], kubectl: Kubectl, log_dir: Path, *, name
     for replica in pair.values():
         replica.start()
         replicas.append(replica)
+    for replica in pair.values():
+        wait_for(replica.serving, timeout=60, what=f"{replica.pod_name} serving metrics")
     return pair
 
 
@@ -132,7 +142,9 @@ def test_operator_only_the_leader_reconciles_and_a_sigkill_hands_over_within_15s
 
     kubectl.apply(load_sample("simulator.yaml"), namespace)
     wait_for(lambda: ready(kubectl, namespace, "llama-8b-sim"), timeout=90, what="llama-8b-sim Ready")
-    assert leader.metric("fleetpilot_operator_reconciles_total", result="ok") > 0
+    # The counter moves once the pass that wrote Ready returns: wait for it, not for luck.
+    wait_for(lambda: leader.metric("fleetpilot_operator_reconciles_total", result="ok") > 0,
+             what="the leader's reconciles counted")
     # The standby has not even started kopf: no reconcile, no write.
     assert standby.metric("fleetpilot_operator_reconciles_total") == 0
     assert standby.metric("fleetpilot_operator_applies_total") == 0
