@@ -25,6 +25,7 @@ import yaml
 
 from fleetpilot import perfmodel
 from fleetpilot.api import profile as profiles
+from fleetpilot.planner.backtest import fleetsim
 from fleetpilot.sim import scheduler as scheduler_mod
 
 from .conftest import REPO, Kubectl, OperatorProcess, _free_port, condition, wait_for
@@ -76,12 +77,7 @@ def measured(simulator: str, tmp_path_factory: pytest.TempPathFactory) -> profil
 
 def chunked_prefill_s(isl: int) -> float:
     """A lone prompt as the simulator's scheduler runs it: chunks of max_num_batched_tokens, each after the last."""
-    total, done = 0.0, 0
-    while done < isl:
-        chunk = min(CHUNK, isl - done)
-        total += MODEL.prefill_time(chunk, done)
-        done += chunk
-    return total
+    return fleetsim.lone_prefill_s(MODEL, isl, CHUNK)
 
 
 def test_the_profile_measured_from_the_simulator_matches_its_performance_model(measured: profiles.Profile) -> None:
