@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from fleetpilot.frontend import metrics as frontend_metrics
@@ -424,6 +425,9 @@ def test_an_apiserver_that_cannot_be_reached_costs_an_interval_not_the_planner()
     assert kube.statuses and {c["type"] for c in kube.statuses[-1]["conditions"]} >= {"PlannerActive"}
 
 
+ALONE = 12  # graphs without a budget in the concurrency test
+
+
 def test_graphs_on_their_own_are_planned_side_by_side_and_budgeted_ones_in_turn() -> None:
     """Each interval's writes wait on the apiserver: graphs without a shared budget overlap them (up to
     PLAN_CONCURRENCY at once); graphs sharing a budget are planned one after the other."""
@@ -435,15 +439,21 @@ def test_graphs_on_their_own_are_planned_side_by_side_and_budgeted_ones_in_turn(
             super().__init__()
             self.inflight: dict[bool, int] = {False: 0, True: 0}
             self.most: dict[bool, int] = {False: 0, True: 0}
+            self.entered: set[str] = set()
 
         async def apply(self, manifest: dict[str, Any], *, subresource: str | None = None) -> dict[str, Any]:
             shared = manifest["metadata"]["name"].startswith("shared")
             self.inflight[shared] += 1
             self.most[shared] = max(self.most[shared], self.inflight[shared])
-            # Yield to the loop many times instead of sleeping: every graph allowed to run reaches its
-            # write meanwhile, however slow the machine (a 10-ms sleep saw 6 of 8 on a loaded one).
-            for _ in range(200):
-                await asyncio.sleep(0)
+            if not shared:
+                # Hold the write until as many graphs as may run at once are writing, or every graph has
+                # come: their observations run in threads, so how soon the others arrive depends on the
+                # machine (a 10-ms sleep saw 6 of 8). The bound only keeps a broken planner from hanging.
+                self.entered.add(manifest["metadata"]["name"])
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10):
+                        while self.inflight[False] < live.PLAN_CONCURRENCY and len(self.entered) < ALONE:
+                            await asyncio.sleep(0.001)
             self.inflight[shared] -= 1
             return await super().apply(manifest, subresource=subresource)
 
@@ -453,7 +463,7 @@ def test_graphs_on_their_own_are_planned_side_by_side_and_budgeted_ones_in_turn(
     planner._started = True
     for watcher in planner._informers:
         watcher.synced.set()
-    for name, shared in [(f"alone-{i}", None) for i in range(12)] + [(f"shared-{i}", "team") for i in range(3)]:
+    for name, shared in [(f"alone-{i}", None) for i in range(ALONE)] + [(f"shared-{i}", "team") for i in range(3)]:
         planner.graphs.upsert({
             "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
             "metadata": {"name": name, "namespace": "ns", "generation": 1, "resourceVersion": "1"},
