@@ -445,13 +445,29 @@ def burstiness(burst_rate_rps: float, rate_rps: float, *, percentile: float) -> 
 
 # Prefilled requests waiting for a decode slot beyond this share of those running: the slots are full.
 _SLOTS_FULL = 0.05
+# Without any cap a prefilled request still waits a few decode steps for its first token (admission at
+# the next step, the KV transfer, the step itself), so a reading of the waiting gauge holds the arrivals
+# of about that long. Only a count the hand-off alone would reach less than once in `_HANDOFF_QUANTILE`
+# readings is a backlog: at 1.5 requests/s and a 90-ms step an instant reading of 2 is hand-off noise.
+_HANDOFF_STEPS = 3.0
+_HANDOFF_QUANTILE = 0.999
+
+
+def in_handoff(rate_rps: float | None, itl_s: float | None) -> float:
+    """The most prefilled requests that wait for their first token with no cap at all (pure): the
+    `_HANDOFF_QUANTILE` of Poisson arrivals over `_HANDOFF_STEPS` decode steps; 0 when not measured."""
+    if not rate_rps or not itl_s or rate_rps <= 0 or itl_s <= 0:
+        return 0.0
+    return float(stats.poisson.ppf(_HANDOFF_QUANTILE, rate_rps * itl_s * _HANDOFF_STEPS))
 
 
 def learn_max_running(known: float | None, observation: Observation, decode_replicas: int) -> float | None:
     """The most sequences one decode replica runs at once, as far as the fleet has shown (pure).
 
     Requests waiting for a slot while the replicas run R sequences each: the engines run no more than
-    R (a batch cap such as vLLM's max_num_seqs, or a KV cache smaller than profiled), so R it is. Without
+    R (a batch cap such as vLLM's max_num_seqs, or a KV cache smaller than profiled), so R it is; but
+    not the few any hand-off holds (`in_handoff`), or a snapshot of ordinary arrivals teaches a cap of
+    whatever the pool ran at that instant, and decode is scaled for an engine limit that is not there. Without
     waiting, a replica seen running more than the known cap raises it (the cap was a transient). An
     engine property, not a load: it is kept, not averaged away, until the fleet shows otherwise.
     """
@@ -459,7 +475,8 @@ def learn_max_running(known: float | None, observation: Observation, decode_repl
     if running is None or waiting is None or decode_replicas < 1 or running <= 0:
         return known
     per_replica = running / decode_replicas
-    if waiting >= 1 and waiting > _SLOTS_FULL * running:
+    if waiting >= 1 and waiting > _SLOTS_FULL * running and waiting > in_handoff(observation.rate_rps,
+                                                                                   observation.itl_s):
         return per_replica
     if known is not None and per_replica > known:
         return per_replica

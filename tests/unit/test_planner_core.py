@@ -100,6 +100,21 @@ def test_the_decode_running_cap_is_learned_from_requests_waiting_for_a_slot() ->
     assert core.learn_max_running(256, core.Observation(time=0.0), decode_replicas=2) == 256
 
 
+def test_a_few_requests_in_the_hand_off_are_not_an_engine_cap() -> None:
+    """At 1.5 requests/s and a 90-ms step, two prefilled requests waiting for their first token are the
+    hand-off's ordinary arrivals (the e2e drift run learned a false cap of 38 from such a reading and
+    doubled decode); ten waiting are a backlog whatever the rate."""
+    def seen(waiting: float) -> core.Observation:
+        return core.Observation(time=0.0, rate_rps=1.5, itl_s=0.09, decode_running=38.0, decode_waiting=waiting)
+
+    assert core.learn_max_running(None, seen(2), decode_replicas=1) is None
+    assert core.learn_max_running(None, seen(3), decode_replicas=1) is None
+    assert core.learn_max_running(None, seen(10), decode_replicas=1) == 38.0
+    # The same two waiting at a rate whose hand-off holds none is a full pool.
+    slow = dataclasses.replace(seen(2), rate_rps=0.05, decode_running=20.0)
+    assert core.learn_max_running(None, slow, decode_replicas=1) == 20.0
+
+
 def test_a_decode_backlog_the_profile_does_not_explain_adds_decode(model: capacity.CapacityModel) -> None:
     """The profile says one decode replica holds hundreds of sequences; the fleet's engines run 64 and
     the rest wait. Once seen, the plan sizes decode for 64 per replica."""
