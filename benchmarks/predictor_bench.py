@@ -7,7 +7,13 @@ included, one warm-up call first so imports do not count), MAPE at 1, 3 and 6 st
 an actual rate of 0 are left out of the MAPE: m-mid has outages), how often the 80% interval held
 the actual value, and how many calls fell back to `constant`.
 
-Run: `~/.cache/fleetpilot/venv/bin/python benchmarks/predictor_bench.py` (about half a minute).
+`--warm` measures instead what the planner does every interval: forecast consecutive windows, each
+fit once from the model's own start (cold, the baseline) and once from the last fit's parameters
+(warm, as `core.plan_interval` runs it), printing CPU seconds per call and how far the two forecasts
+differ.
+
+Run: `~/.cache/fleetpilot/venv/bin/python benchmarks/predictor_bench.py [--warm]` (about half a minute;
+`--warm` about two minutes).
 Timings depend on BLAS threading: OpenBLAS's default threads made these small fits 1.5-5x slower on
 a 2-core machine; `OPENBLAS_NUM_THREADS=1` is printed with the table when set.
 """
@@ -77,14 +83,48 @@ def evaluate(name: str, series: Sequence[float], at: Sequence[int], *, steps: in
     return row
 
 
+def warm_against_cold(name: str, series: Sequence[float], *, first: int, count: int, steps: int
+                      ) -> dict[str, float]:
+    """`count` consecutive forecasts from window `first` on (7 days of history each), cold and warm."""
+    predictor = predict.make_predictor(name)
+    state: tuple[float, ...] = ()
+    cold_s: list[float] = []
+    warm_s: list[float] = []
+    worst = 0.0
+    for origin in range(first, first + count):
+        history = series[origin - HISTORY:origin]
+        started = time.process_time()
+        cold = predictor.forecast(history, steps=steps, step_seconds=STEP_S)
+        cold_s.append(time.process_time() - started)
+        started = time.process_time()
+        warm = predictor.forecast(history, steps=steps, step_seconds=STEP_S, start=state)
+        warm_s.append(time.process_time() - started)
+        state = warm.state
+        for a, b in zip(cold.mean, warm.mean, strict=True):
+            worst = max(worst, abs(a - b) / max(abs(a), 1e-9))
+    return {"cold_s": statistics.fmean(cold_s), "warm_s": statistics.fmean(warm_s), "worst_relative": worst}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="m-large", help="ServeGen model (m-large or m-mid)")
     parser.add_argument("--origins", type=int, default=20)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warm", action="store_true", help="cold against warm-started fits, consecutive windows")
     args = parser.parse_args()
 
     series = load_rates(SERVEGEN, args.model)
+    if args.warm:
+        count = 72  # half a day of consecutive 10-minute windows, after the first 7 days
+        print(f"ServeGen {args.model}: {count} consecutive forecasts from day 7, {HISTORY} windows of history, "
+              f"{args.steps}-step horizon; CPU seconds per call; "
+              f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+        print(f"{'predictor':<10} {'cold s':>8} {'warm s':>8} {'speed-up':>9} {'largest relative difference':>28}")
+        for name in ("arima", "kalman"):
+            row = warm_against_cold(name, series, first=HISTORY, count=count, steps=args.steps)
+            print(f"{name:<10} {row['cold_s']:>8.3f} {row['warm_s']:>8.3f} {row['cold_s'] / row['warm_s']:>8.1f}×"
+                  f" {row['worst_relative']:>28.1e}")
+        return
     at = origins(len(series), count=args.origins, steps=args.steps)
     print(f"ServeGen {args.model}: {len(at)} origins every {at[1] - at[0]} windows over the last 2 days, "
           f"{HISTORY} windows (7 days) of history, {args.steps}-step horizon; "

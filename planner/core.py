@@ -220,6 +220,7 @@ class GraphMemory:
     osls: tuple[float, ...] = ()
     scale_down: sizing.ScaleDownState = dataclasses.field(default_factory=sizing.ScaleDownState)
     forecast_for_now: float | None = None  # last interval's forecast of this interval's rate
+    forecast_state: tuple[float, ...] = ()  # the last rate forecast's fitted parameters: the next fit's start
     calibration: tuple[sizing.Corrections, ...] = ()  # the last intervals' estimates (NaN: not measured)
     bursts: tuple[float, ...] = ()  # the last intervals' `burstiness` (≥ 1)
     decode_max_running: float | None = None  # learned by `learn_max_running`; None: not seen yet
@@ -573,7 +574,7 @@ def plan_interval(
 
     forecaster = predictor if predictor is not None else predict.make_predictor(config.predictor)
     forecast = forecaster.forecast(
-        memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s)
+        memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s, start=memory.forecast_state)
     isl, osl = max(recent_mean(memory.isls), 1.0), max(recent_mean(memory.osls), 1.0)
     interval_burst = 1.0
     if observation.burst_rate_rps is not None and rate > 0:
@@ -636,7 +637,8 @@ def plan_interval(
         binding=decision.binding, coverage=memory.coverage(), warnings=warnings_of(config, desired), drift=verdict,
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
-    return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast)
+    return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast,
+                                     forecast_state=forecast.state)
 
 
 def react(

@@ -100,11 +100,16 @@ class MemoPredictor:
     def name(self) -> str:
         return self.inner.name
 
-    def forecast(self, history: Sequence[float], *, steps: int, step_seconds: float) -> predict.Forecast:
+    def forecast(self, history: Sequence[float], *, steps: int, step_seconds: float,
+                 start: Sequence[float] = ()) -> predict.Forecast:
+        # `start` is not part of the key: every run of the sweep reaches an interval from the same
+        # history, hence the same previous state, and a warm start changes the fit only within the
+        # optimiser's tolerance.
         key = (len(history), steps, step_seconds, hash(tuple(history)))
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = self.inner.forecast(history, steps=steps, step_seconds=step_seconds)
+            found = self._memo[key] = self.inner.forecast(history, steps=steps, step_seconds=step_seconds,
+                                                          start=start)
         return found
 
 

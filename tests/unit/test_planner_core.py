@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import capacity, core, lengths, live
+from fleetpilot.planner import capacity, core, lengths, live, predict
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_the_horizon_sizes_for_the_peak_before_a_new_replica_is_ready(
     class Rising:
         name: str = "rising"
 
-        def forecast(self, history: object, *, steps: int, step_seconds: float) -> object:
+        def forecast(self, history: object, *, steps: int, step_seconds: float, start: object = ()) -> object:
             from fleetpilot.planner.predict import Forecast
 
             mean = tuple(10.0 * (i + 1) for i in range(steps))
@@ -329,3 +329,26 @@ def test_a_multinode_group_counts_every_pods_gpus_against_the_budget(model: capa
                                  now=0.0)
     assert 8 * plan.replicas["prefill"] + 16 * plan.replicas["decode"] <= 40
     assert plan.wanted_gpus is not None and plan.wanted_gpus > 40 and plan.wanted_gpus % 8 == 0
+
+
+def test_the_planner_hands_each_forecast_the_last_fit_as_its_start(model: capacity.CapacityModel) -> None:
+    """The rate forecast's fitted parameters stay in the graph's memory and start the next interval's fit."""
+    starts: list[tuple[float, ...]] = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Remembering:
+        name: str = "remembering"
+
+        def forecast(self, history: tuple[float, ...], *, steps: int, step_seconds: float,
+                     start: tuple[float, ...] = ()) -> predict.Forecast:
+            starts.append(tuple(start))
+            mean = (history[-1],) * steps
+            return predict.Forecast(mean=mean, lower=mean, upper=mean, predictor=self.name,
+                                    state=(float(len(history)),))
+
+    memory = core.GraphMemory()
+    for k in range(3):
+        _, memory = core.plan_interval(config(), seen(10.0), memory, current=ONE_EACH, capacity=model,
+                                       now=60.0 * k, predictor=Remembering())
+    assert starts == [(), (1.0,), (2.0,)]
+    assert memory.forecast_state == (3.0,)

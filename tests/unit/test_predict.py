@@ -390,3 +390,50 @@ def test_constant_any_history(history: list[float], steps: int) -> None:
 @given(history=histories, steps=st.integers(min_value=1, max_value=8))
 def test_kalman_any_history(history: list[float], steps: int) -> None:
     check_any_history(predict.Kalman, history, steps)
+
+
+# -- warm start: the last fit's parameters as the next fit's start --------------------------------------
+
+
+@pytest.mark.parametrize("name", ("arima", "kalman"))
+def test_a_warm_start_reaches_the_cold_fit_in_fewer_iterations(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One interval later, started from the last fit's parameters, the fit lands on the same forecast
+    (to the optimiser's tolerance) after fewer L-BFGS iterations than from the model's own start."""
+    series = servegen("m-large")[:3 * DAY + 1]
+    predictor = predict.make_predictor(name)
+    before = predictor.forecast(series[:-1], steps=3, step_seconds=STEP_S)
+    assert before.predictor == name and before.state and all(math.isfinite(v) for v in before.state)
+
+    iterations: list[int] = []
+    converged = predict._converged
+
+    def counting(results: object) -> bool:
+        iterations.append(int(getattr(results, "mle_retvals", {}).get("iterations", 0)))
+        return converged(results)
+
+    monkeypatch.setattr(predict, "_converged", counting)
+    cold = predictor.forecast(series, steps=3, step_seconds=STEP_S)
+    cold_iterations, iterations[:] = sum(iterations), []
+    warm = predictor.forecast(series, steps=3, step_seconds=STEP_S, start=before.state)
+    warm_iterations = sum(iterations)
+    assert warm.predictor == cold.predictor == name
+    assert warm.mean == pytest.approx(cold.mean, rel=1e-3)
+    assert warm.scale == pytest.approx(cold.scale, rel=1e-2)
+    assert len(warm.state) == len(cold.state) == len(before.state)
+    assert warm_iterations < cold_iterations
+
+
+@pytest.mark.parametrize("name", ("arima", "kalman"))
+@pytest.mark.parametrize("start", [(0.5,), (math.nan, 0.1, 0.1), ()])
+def test_a_start_that_does_not_fit_the_model_is_ignored(name: str, start: tuple[float, ...]) -> None:
+    """Another model's parameters (wrong length) or a broken state: the fit starts cold, the same answer."""
+    series = daily_wave(3)
+    cold = predict.make_predictor(name).forecast(series, steps=3, step_seconds=STEP_S)
+    assert predict.make_predictor(name).forecast(series, steps=3, step_seconds=STEP_S, start=start) == cold
+
+
+def test_predictors_without_a_fitted_model_carry_no_state() -> None:
+    series = daily_wave(3)
+    assert predict.Constant().forecast(series, steps=2, step_seconds=STEP_S, start=(1.0, 2.0)).state == ()
+    fallback = predict.Arima().forecast(series[:5], steps=2, step_seconds=STEP_S)
+    assert fallback.predictor == "constant" and fallback.state == ()
