@@ -225,17 +225,25 @@ class _PrefillMix:
         """P(L(X) + W > t) for a pool of `servers` replicas the frontend sends each prompt to the least
         loaded of, offered `rate_rps` (M/G/c: the Erlang-C chance to wait, then an exponential wait of
         mean R / (c·(1 − ρ)), Allen–Cunneen)."""
+        return self._late_curve(servers, rate_rps)(t)
+
+    def _late_curve(self, servers: int, rate_rps: float) -> Callable[[float], float]:
+        """`late_share_pool` of one pool and load as a function of t: what does not depend on t (the
+        chance to wait, the wait's rate) worked out once, for a search that asks at many t."""
+        shares, lone_s = self.shares, self.lone_s
         offered = rate_rps * self.mean_service_s
         if offered <= 0.0:
-            return float(self.shares[self.lone_s > t].sum())
+            return lambda t: float(shares[lone_s > t].sum())
         if servers <= 0 or offered >= servers:
-            return 1.0
+            return lambda t: 1.0
         waits = float(erlang_c(servers, offered))
-        late_alone = self.lone_s > t
         theta = servers * (1.0 - offered / servers) / self.residual_s
-        slack = np.maximum(t - self.lone_s, 0.0)
-        wait_tail = np.where(late_alone, 1.0, np.minimum(1.0, waits * np.exp(-theta * slack)))
-        return float(self.shares @ wait_tail)
+
+        def late(t: float) -> float:
+            slack = np.maximum(t - lone_s, 0.0)
+            wait_tail = np.where(lone_s > t, 1.0, np.minimum(1.0, waits * np.exp(-theta * slack)))
+            return float(shares @ wait_tail)
+        return late
 
     def late_share_pooled(self, t: float, servers: int, rate_rps: float, pooling: float) -> float:
         """P(L(X) + W > t) for a pool between the two ends of how far its replicas share one queue:
@@ -243,9 +251,13 @@ class _PrefillMix:
         least-loaded router), 0 is `servers` separate M/G/1 queues each offered its share (arrivals in
         clumps, or a router that cannot see what each replica has left). The planner learns where its
         fleet lies (`pooling_observed`)."""
-        shared = self.late_share_pool(t, servers, rate_rps) if pooling > 0.0 else 0.0
-        separate = self.late_share_pool(t, 1, rate_rps / servers) if pooling < 1.0 and servers > 0 else 0.0
-        return pooling * shared + (1.0 - pooling) * separate
+        return self._late_pooled_curve(servers, rate_rps, pooling)(t)
+
+    def _late_pooled_curve(self, servers: int, rate_rps: float, pooling: float) -> Callable[[float], float]:
+        shared = self._late_curve(servers, rate_rps) if pooling > 0.0 else (lambda t: 0.0)
+        separate = (self._late_curve(1, rate_rps / servers) if pooling < 1.0 and servers > 0
+                    else (lambda t: 0.0))
+        return lambda t: pooling * shared(t) + (1.0 - pooling) * separate(t)
 
     def lone_quantile_s(self, percentile: float) -> float:
         """The lone TTFT at `percentile` of the mix's requests (the floor no replica count removes)."""
@@ -260,20 +272,24 @@ class _PrefillMix:
         if rho >= 1.0:
             return math.inf
         tail = 1.0 - percentile / 100.0
-        rate = rho * servers / self.mean_service_s
-
-        def late(t: float) -> float:
-            return self.late_share_pooled(t, servers, rate, pooling)
+        late = self._late_pooled_curve(servers, rho * servers / self.mean_service_s, pooling)
         low, high = 0.0, max(float(self.lone_s.max()), self.residual_s)
         while late(high) > tail:
             high *= 2.0
-        for _ in range(60):
+        # Bisection to `_TTFT_RESOLUTION_S` (relative, for answers over a second): far finer than any TTFT
+        # target or measurement, in about 27 steps where a fixed 60 halvings spent 40% of an interval's
+        # planning (benchmarks/planner_bench.py).
+        while high - low > _TTFT_RESOLUTION_S * max(1.0, high):
             mid = (low + high) / 2.0
             if late(mid) > tail:
                 low = mid
             else:
                 high = mid
         return high
+
+
+# How finely a TTFT quantile is searched for (seconds; relative beyond one second): a tenth of a microsecond.
+_TTFT_RESOLUTION_S = 1e-7
 
 
 @functools.lru_cache(maxsize=4096)
