@@ -9,7 +9,8 @@ then watches it, and two handlers see each event:
 - an **event** handler enqueues the graph: a change to the graph at once; a change to a child
   (its DynamoGraphComponent, Deployment, Service, PodDisruptionBudget, ServiceAccount, Role,
   RoleBinding, ConfigMap or Pod) after a short pause, so a burst of them costs one reconcile. A
-  child deleted by hand is therefore recreated within a second, not at the next resync.
+  child deleted by hand is therefore recreated within a second, not at the next resync. Spec changes
+  and deletions go ahead of status-only events in the queue (`GraphReconciler.priority_of`).
 
 Only index and event handlers are used, so kopf writes nothing onto user objects: no finalizers,
 no annotations, no status fields of its own.
@@ -79,8 +80,10 @@ def _register(kind: str) -> None:
             return
         memo.reconciler.cache.observe(kind, body, deleted=event.get("type") == "DELETED")
         # Children change in bursts (a rollout touches pods, ReplicaSets and the Deployment many times):
-        # wait a moment so one reconcile sees the whole burst instead of one reconcile per event.
-        memo.reconciler.enqueue(*key, after=0 if kind == api.GRAPH_KIND else CHILD_EVENT_DELAY_SECONDS)
+        # wait a moment so one reconcile sees the whole burst instead of one reconcile per event. What a
+        # user asked for goes ahead of what only reports (`GraphReconciler.priority_of`).
+        memo.reconciler.enqueue(*key, after=0 if kind == api.GRAPH_KIND else CHILD_EVENT_DELAY_SECONDS,
+                                priority=memo.reconciler.priority_of(kind, event.get("type"), body))
 
     kopf.index(group, version, plural, labels=selector, id=cache.index_id(kind))(index)
     kopf.on.event(group, version, plural, labels=selector, id=f"{kind.lower()}_changed")(changed)

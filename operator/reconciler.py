@@ -15,7 +15,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -88,11 +88,33 @@ class GraphReconciler:
         # When this process first saw each graph with its planner on (status.planner_watch's clock).
         self._planner_seen: dict[Key, datetime.datetime] = {}
         self._http: httpx.AsyncClient | None = None  # reads the frontends' per-worker load before a scale-down
+        self._generations: dict[tuple[str, str, str], Any] = {}  # per graph/component: the generation last seen
 
     # -- queue -------------------------------------------------------------------------------------------
 
-    def enqueue(self, namespace: str, name: str, *, after: float = 0.0) -> None:
-        self.queue.add_after((namespace, name), after)
+    def enqueue(self, namespace: str, name: str, *, after: float = 0.0, priority: int = workqueue.LOW) -> None:
+        self.queue.add_after((namespace, name), after, priority=priority)
+
+    def priority_of(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> int:
+        """How urgent a watch event makes its graph's next pass (`workqueue.HIGH` or `LOW`).
+
+        HIGH: what a user asked for. A graph or component whose `metadata.generation` moved (a spec
+        edit, `kubectl scale` through /scale) or that is new to the watch, and any of our objects
+        deleted (by hand, or the graph itself). LOW: everything that only reports, which is most events
+        — pods and Deployments changing status, our own status writes coming back, the initial list
+        (event type None) at start-up.
+        """
+        meta = body.get("metadata", {})
+        ident = (kind, meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self._generations.pop(ident, None)
+            return workqueue.LOW if kind == "Pod" else workqueue.HIGH
+        if kind not in (api.GRAPH_KIND, api.COMPONENT_KIND):
+            return workqueue.LOW
+        generation = meta.get("generation")
+        seen = self._generations.get(ident)
+        self._generations[ident] = generation
+        return workqueue.LOW if event_type is None or seen == generation else workqueue.HIGH
 
     def idle(self) -> bool:
         return self.queue.idle()

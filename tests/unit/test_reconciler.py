@@ -367,3 +367,33 @@ def test_a_foreign_object_is_a_name_conflict_and_is_left_alone() -> None:
     degraded = contract.find_condition(status["conditions"], "Degraded")
     assert degraded is not None and degraded["reason"] == "NameConflict"
     assert "components" not in status  # never an empty map: the API would store it as null and refuse it
+
+
+def test_what_a_user_asked_for_goes_ahead_of_what_only_reports() -> None:
+    """Watch events' queue priority: a new or re-specified graph or component, and a deleted object of
+    ours, HIGH; the initial list, status-only updates (same generation) and every pod or Deployment
+    change, LOW."""
+    from fleetpilot.operator import workqueue
+
+    _, graphs = setup()
+
+    def body(generation: int, name: str = "g") -> Manifest:
+        return {"metadata": {"name": name, "namespace": "ns", "generation": generation}}
+
+    high, low = workqueue.HIGH, workqueue.LOW
+    assert graphs.priority_of(api.GRAPH_KIND, None, body(1)) == low  # listed at start-up
+    assert graphs.priority_of(api.GRAPH_KIND, "MODIFIED", body(1)) == low  # our status write came back
+    assert graphs.priority_of(api.GRAPH_KIND, "MODIFIED", body(2)) == high  # the user edited the spec
+    assert graphs.priority_of(api.GRAPH_KIND, "MODIFIED", body(2)) == low
+    assert graphs.priority_of(api.GRAPH_KIND, "ADDED", body(1, "new")) == high  # a graph created now
+    component = "g-decode"
+    assert graphs.priority_of(api.COMPONENT_KIND, "ADDED", body(1, component)) == high
+    assert graphs.priority_of(api.COMPONENT_KIND, "MODIFIED", body(1, component)) == low  # status
+    assert graphs.priority_of(api.COMPONENT_KIND, "MODIFIED", body(2, component)) == high  # kubectl scale
+    assert graphs.priority_of("Deployment", "MODIFIED", body(7, "g-decode-abc")) == low
+    assert graphs.priority_of("Deployment", "DELETED", body(7, "g-decode-abc")) == high  # deleted by hand
+    assert graphs.priority_of("Pod", "MODIFIED", body(1, "g-decode-abc-x")) == low
+    assert graphs.priority_of("Pod", "DELETED", body(1, "g-decode-abc-x")) == low  # pods come and go
+    # A graph deleted and created again under the same name is new again.
+    assert graphs.priority_of(api.GRAPH_KIND, "DELETED", body(2)) == high
+    assert graphs.priority_of(api.GRAPH_KIND, "ADDED", body(1)) == high

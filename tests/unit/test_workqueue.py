@@ -123,3 +123,62 @@ def test_cancel_drops_a_planned_wake_up() -> None:
         return queue.idle() and len(queue) == 0
 
     assert asyncio.run(go())
+
+
+def test_a_high_priority_key_is_handed_out_before_every_low_one_and_a_waiting_key_moves_up() -> None:
+    """A thousand pods turning Ready queue their graphs LOW; a `kubectl scale` of one of them (HIGH)
+    and a user's new graph (HIGH) go first, in their order; the rest keep theirs."""
+    async def go() -> list[str]:
+        queue: workqueue.WorkQueue[str] = workqueue.WorkQueue()
+        for key in ("a", "b", "c", "d"):
+            queue.add(key, priority=workqueue.LOW)
+        queue.add("c", priority=workqueue.HIGH)  # waiting at LOW: moves up
+        queue.add("e", priority=workqueue.HIGH)
+        queue.add("c", priority=workqueue.LOW)  # already waiting higher: stays where it is
+        assert len(queue) == 5
+        order = [await queue.get() for _ in range(5)]
+        assert len(queue) == 0
+        for key in order:
+            queue.done(key)
+        assert queue.idle()
+        return order
+
+    assert asyncio.run(go()) == ["c", "e", "a", "b", "d"]
+
+
+def test_an_add_while_active_keeps_the_highest_priority_for_the_pass_after() -> None:
+    async def go() -> list[str]:
+        queue: workqueue.WorkQueue[str] = workqueue.WorkQueue()
+        queue.add("a")
+        assert await queue.get() == "a"
+        queue.add("a", priority=workqueue.HIGH)
+        queue.add("a", priority=workqueue.LOW)
+        queue.add("b", priority=workqueue.LOW)
+        queue.done("a")  # "a" comes back HIGH: ahead of "b", which came first
+        return [await queue.get(), await queue.get()]
+
+    assert asyncio.run(go()) == ["a", "b"]
+
+
+def test_a_delayed_add_wakes_at_the_higher_of_the_priorities_asked() -> None:
+    async def go() -> list[str]:
+        queue: workqueue.WorkQueue[str] = workqueue.WorkQueue()
+        queue.add_after("a", 0.05, priority=workqueue.LOW)
+        queue.add_after("a", 0.2, priority=workqueue.HIGH)  # later: the earlier wake-up stays, now HIGH
+        queue.add("b", priority=workqueue.LOW)
+        await asyncio.sleep(0.1)
+        return [await queue.get(), await queue.get()]
+
+    assert asyncio.run(go()) == ["a", "b"]
+
+
+def test_a_waiting_worker_wakes_for_a_key_added_later() -> None:
+    async def go() -> str:
+        queue: workqueue.WorkQueue[str] = workqueue.WorkQueue()
+        waiting = asyncio.create_task(queue.get())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        queue.add("a", priority=workqueue.HIGH)
+        return await asyncio.wait_for(waiting, 1)
+
+    assert asyncio.run(go()) == "a"
