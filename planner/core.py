@@ -457,7 +457,7 @@ _HANDOFF_QUANTILE = 0.999
 def in_handoff(rate_rps: float | None, itl_s: float | None) -> float:
     """The most prefilled requests that wait for their first token with no cap at all (pure): the
     `_HANDOFF_QUANTILE` of Poisson arrivals over `_HANDOFF_STEPS` decode steps; 0 when not measured."""
-    if not rate_rps or not itl_s or rate_rps <= 0 or itl_s <= 0:
+    if rate_rps is None or itl_s is None or rate_rps <= 0 or itl_s <= 0:
         return 0.0
     return float(stats.poisson.ppf(_HANDOFF_QUANTILE, rate_rps * itl_s * _HANDOFF_STEPS))
 
@@ -476,8 +476,7 @@ def learn_max_running(known: float | None, observation: Observation, decode_repl
     if running is None or waiting is None or decode_replicas < 1 or running <= 0:
         return known
     per_replica = running / decode_replicas
-    if waiting >= 1 and waiting > _SLOTS_FULL * running and waiting > in_handoff(observation.rate_rps,
-                                                                                   observation.itl_s):
+    if waiting >= 1 and waiting > max(_SLOTS_FULL * running, in_handoff(observation.rate_rps, observation.itl_s)):
         return per_replica
     if known is not None and per_replica > known:
         return per_replica
