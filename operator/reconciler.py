@@ -43,6 +43,50 @@ class Superseded(Exception):
 
 
 SUPERSEDED_RETRY_SECONDS = 0.5
+#: How old the cluster's free-GPU count in an `Unschedulable` message may be (`ClusterGpus`).
+CLUSTER_GPUS_TTL_SECONDS = 30.0
+
+
+class ClusterGpus:
+    """The cluster's free GPUs for `Unschedulable` messages: one pair of LISTs (every Node, every bound
+    Pod) shared by all graphs, at most every `ttl_s`, one in flight at a time.
+
+    Only graphs with a pod the scheduler turned away ask, but in a cluster short of GPUs that is many
+    graphs at once, each passed again on every event of its pods. One LIST of every pod per pass took
+    4-10 s at 1,000 graphs (4,000 pods), held the workers and delayed a `kubectl scale` on another graph
+    by up to 10 s (`benchmarks/scale_bench.py`). The LISTs are served from the apiserver's watch cache
+    (resourceVersion 0), not a quorum read of etcd: a message may be a few seconds plus `ttl_s` old.
+    """
+
+    def __init__(self, kube: kube_mod.KubeApi, *, ttl_s: float = CLUSTER_GPUS_TTL_SECONDS,
+                 clock: Any = time.monotonic) -> None:
+        self._kube = kube
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._read: tuple[float, status.GpuCapacity] | None = None
+        self._pending: asyncio.Future[status.GpuCapacity] | None = None
+
+    async def free(self) -> status.GpuCapacity:
+        if self._read is not None and self._clock() - self._read[0] < self.ttl_s:
+            return self._read[1]
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._list())
+            self._pending.add_done_callback(self._settle)
+        # shield: a reader cancelled mid-read (operator stopping) does not cancel the others' read.
+        return await asyncio.shield(self._pending)
+
+    async def _list(self) -> status.GpuCapacity:
+        nodes, bound = await asyncio.gather(
+            self._kube.list("Node", cached=True),
+            self._kube.list("Pod", cached=True,
+                            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
+        )
+        return status.gpu_capacity(nodes, bound)
+
+    def _settle(self, done: asyncio.Future[status.GpuCapacity]) -> None:
+        self._pending = None
+        if not done.cancelled() and done.exception() is None:  # a failed read: the next reader tries again
+            self._read = (self._clock(), done.result())
 
 
 def controller_ref(obj: Manifest) -> Manifest | None:
@@ -89,6 +133,7 @@ class GraphReconciler:
         self._planner_seen: dict[Key, datetime.datetime] = {}
         self._http: httpx.AsyncClient | None = None  # reads the frontends' per-worker load before a scale-down
         self._generations: dict[tuple[str, str, str], Any] = {}  # per graph/component: the generation last seen
+        self.cluster_gpus = ClusterGpus(kube)
 
     # -- queue -------------------------------------------------------------------------------------------
 
@@ -263,14 +308,8 @@ class GraphReconciler:
 
         await self._prune(graph, uid, components, children, keep, wanted)
 
-        capacity = None
-        if status.unschedulable(pods):
-            # Rare, and worth two LISTs: which nodes could take these pods, and what is already on them.
-            nodes, bound = await asyncio.gather(
-                self.kube.list("Node"),
-                self.kube.list("Pod", field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
-            )
-            capacity = status.gpu_capacity(nodes, bound)
+        # Which nodes could take the pods the scheduler turned away, and what is already on them.
+        capacity = await self.cluster_gpus.free() if status.unschedulable(pods) else None
         return status.Observation(generation=graph.metadata.generation, components=observed, pods=pods,
                                   capacity=capacity, group_problems=group_problems,
                                   rollout=rollout_status(target, plan, generations, workers, stalled) if workers else None)

@@ -397,3 +397,61 @@ def test_what_a_user_asked_for_goes_ahead_of_what_only_reports() -> None:
     # A graph deleted and created again under the same name is new again.
     assert graphs.priority_of(api.GRAPH_KIND, "DELETED", body(2)) == high
     assert graphs.priority_of(api.GRAPH_KIND, "ADDED", body(1)) == high
+
+
+# -- the cluster's free GPUs, shared by every graph ------------------------------------------------------
+
+class CountingLists:
+    """An API whose LISTs of Nodes and bound Pods answer one 8-GPU node holding a 3-GPU pod, after
+    `gate` opens; counts them and records whether each asked the watch cache."""
+
+    def __init__(self) -> None:
+        self.lists: list[tuple[str, bool]] = []
+        self.gate = asyncio.Event()
+        self.fail = False
+
+    async def list(self, kind: str, namespace: str | None = None, *, cached: bool = False,
+                   **_: Any) -> list[Manifest]:
+        self.lists.append((kind, cached))
+        await self.gate.wait()
+        if self.fail:
+            raise kube.ApiError(503, "etcd away", "ServiceUnavailable")
+        if kind == "Node":
+            return [{"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}]
+        return [{"metadata": {"name": "p"}, "spec": {"nodeName": "n", "containers": [
+            {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "3"}}}]}, "status": {"phase": "Running"}}]
+
+
+def test_graphs_short_of_gpus_at_once_share_one_read_of_the_cluster() -> None:
+    api_ = CountingLists()
+    now = [0.0]
+    gpus = reconciler.ClusterGpus(api_, ttl_s=30, clock=lambda: now[0])  # type: ignore[arg-type]
+
+    async def scenario() -> list[Any]:
+        readers = [asyncio.create_task(gpus.free()) for _ in range(50)]
+        await asyncio.sleep(0)
+        api_.gate.set()
+        return await asyncio.gather(*readers)
+
+    answers = asyncio.run(scenario())
+    assert {(a.free, a.total) for a in answers} == {(5, 8)}
+    assert sorted(api_.lists) == [("Node", True), ("Pod", True)], "one pair of LISTs, from the watch cache"
+
+    now[0] = 29.0
+    asyncio.run(gpus.free())
+    assert len(api_.lists) == 2, "within the TTL the answer is reused"
+    now[0] = 31.0
+    asyncio.run(gpus.free())
+    assert len(api_.lists) == 4, "after it, read again"
+
+
+def test_a_failed_read_of_the_cluster_is_not_remembered() -> None:
+    api_ = CountingLists()
+    api_.gate.set()
+    api_.fail = True
+    gpus = reconciler.ClusterGpus(api_, ttl_s=30, clock=lambda: 0.0)  # type: ignore[arg-type]
+    with pytest.raises(kube.ApiError):
+        asyncio.run(gpus.free())
+    api_.fail = False
+    assert asyncio.run(gpus.free()).free == 5
+    assert len(api_.lists) == 4
