@@ -8,9 +8,9 @@ then watches it, and two handlers see each event:
   handler until every index has finished its first list, so no reconcile ever sees half the world;
 - an **event** handler enqueues the graph: a change to the graph at once; a change to a child
   (its DynamoGraphComponent, Deployment, Service, PodDisruptionBudget, ServiceAccount, Role,
-  RoleBinding, ConfigMap or Pod) after a short pause, so a burst of them costs one reconcile. A
-  child deleted by hand is therefore recreated within a second, not at the next resync. Spec changes
-  and deletions go ahead of status-only events in the queue (`GraphReconciler.priority_of`).
+  RoleBinding, ConfigMap or Pod) after a short pause, so a burst of them costs one reconcile, except
+  what a user asked for — a spec change such as `kubectl scale`, a child deleted by hand — which goes
+  at once and ahead of status-only events in the queue (`GraphReconciler.priority_of`).
 
 Only index and event handlers are used, so kopf writes nothing onto user objects: no finalizers,
 no annotations, no status fields of its own.
@@ -27,7 +27,7 @@ import kopf
 from fleetpilot import kube
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.operator import cache, reconciler, render
+from fleetpilot.operator import cache, reconciler, render, workqueue
 
 CHILD_EVENT_DELAY_SECONDS = float(os.environ.get("FLEETPILOT_CHILD_EVENT_DELAY_SECONDS", "0.3"))
 #: Children the operator made. Pods are selected on the graph label alone: the Deployment's pod
@@ -81,9 +81,11 @@ def _register(kind: str) -> None:
         memo.reconciler.cache.observe(kind, body, deleted=event.get("type") == "DELETED")
         # Children change in bursts (a rollout touches pods, ReplicaSets and the Deployment many times):
         # wait a moment so one reconcile sees the whole burst instead of one reconcile per event. What a
-        # user asked for goes ahead of what only reports (`GraphReconciler.priority_of`).
-        memo.reconciler.enqueue(*key, after=0 if kind == api.GRAPH_KIND else CHILD_EVENT_DELAY_SECONDS,
-                                priority=memo.reconciler.priority_of(kind, event.get("type"), body))
+        # user asked for (`kubectl scale`, a child deleted by hand) neither waits nor queues behind what
+        # only reports (`GraphReconciler.priority_of`).
+        priority = memo.reconciler.priority_of(kind, event.get("type"), body)
+        urgent = kind == api.GRAPH_KIND or priority == workqueue.HIGH
+        memo.reconciler.enqueue(*key, after=0 if urgent else CHILD_EVENT_DELAY_SECONDS, priority=priority)
 
     kopf.index(group, version, plural, labels=selector, id=cache.index_id(kind))(index)
     kopf.on.event(group, version, plural, labels=selector, id=f"{kind.lower()}_changed")(changed)
