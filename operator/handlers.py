@@ -63,6 +63,12 @@ async def stop_reconciler(memo: kopf.Memo, **_: Any) -> None:
         await graph_reconciler.kube.aclose()
 
 
+def enqueue_delay(kind: str, priority: int) -> float:
+    """Seconds a watch event of `kind` waits before its graph's pass: none for the graph itself or for what
+    a user asked for (`workqueue.HIGH`), a short pause for the rest, so a burst of them costs one pass."""
+    return 0.0 if kind == api.GRAPH_KIND or priority == workqueue.HIGH else CHILD_EVENT_DELAY_SECONDS
+
+
 def _register(kind: str) -> None:
     """An index handler and an event handler for one kind."""
     group, version, plural = cache.WATCHED[kind]
@@ -84,8 +90,7 @@ def _register(kind: str) -> None:
         # user asked for (`kubectl scale`, a child deleted by hand) neither waits nor queues behind what
         # only reports (`GraphReconciler.priority_of`).
         priority = memo.reconciler.priority_of(kind, event.get("type"), body)
-        urgent = kind == api.GRAPH_KIND or priority == workqueue.HIGH
-        memo.reconciler.enqueue(*key, after=0 if urgent else CHILD_EVENT_DELAY_SECONDS, priority=priority)
+        memo.reconciler.enqueue(*key, after=enqueue_delay(kind, priority), priority=priority)
 
     kopf.index(group, version, plural, labels=selector, id=cache.index_id(kind))(index)
     kopf.on.event(group, version, plural, labels=selector, id=f"{kind.lower()}_changed")(changed)

@@ -6,7 +6,7 @@ from typing import Any
 
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.operator import cache
+from fleetpilot.operator import cache, handlers, workqueue
 
 
 def obj(kind: str, name: str, version: str, *, uid: str = "u", graph: str = "g", **extra: Any) -> dict[str, Any]:
@@ -116,3 +116,11 @@ def test_a_pod_keeps_what_multinode_groups_read() -> None:
     projected = cache.projection("Pod", pod)
     assert projected["spec"]["schedulingGates"] == [{"name": contract.GROUP_SCHEDULING_GATE}]
     assert projected["metadata"]["annotations"] == {contract.ANNOTATION_GROUP_MEMBERS: "u1,u2"}
+
+
+def test_a_users_change_to_a_child_goes_at_once_and_status_events_wait_for_their_burst() -> None:
+    assert handlers.enqueue_delay(api.GRAPH_KIND, workqueue.LOW) == 0.0
+    assert handlers.enqueue_delay(api.COMPONENT_KIND, workqueue.HIGH) == 0.0  # kubectl scale
+    assert handlers.enqueue_delay("Service", workqueue.HIGH) == 0.0  # deleted by hand
+    assert handlers.enqueue_delay("Pod", workqueue.LOW) == handlers.CHILD_EVENT_DELAY_SECONDS > 0
+    assert handlers.enqueue_delay(api.COMPONENT_KIND, workqueue.LOW) == handlers.CHILD_EVENT_DELAY_SECONDS
