@@ -8,6 +8,7 @@ never blocks the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import ssl
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import ijson
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
@@ -178,6 +180,32 @@ class KubeApi:
         apiserver's watch cache (resourceVersion 0: any version, cheap), not a quorum read of etcd."""
         params = {**_selectors(labels, field_selector), **({"resourceVersion": "0"} if cached else {})}
         return await self._request("GET", KINDS[kind].path(namespace), params=params)
+
+    async def list_items(
+        self, kind: str, namespace: str | None = None, *, field_selector: str | None = None, cached: bool = False,
+    ) -> AsyncIterator[Manifest]:
+        """A List's items one by one as the answer arrives, yielding the event loop between chunks.
+
+        For lists of thousands (every pod in the cluster, ~18 MB at 4,000 pods): `json.loads` of the
+        whole answer held the event loop for 1-3 s on a loaded machine, and with it every watch and
+        reconcile of the process. Parsed incrementally (ijson), each chunk costs milliseconds."""
+        params = {**_selectors(None, field_selector), **({"resourceVersion": "0"} if cached else {})}
+        async with self._http.stream("GET", KINDS[kind].path(namespace), params=params,
+                                     headers=self._headers()) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise ApiError(response.status_code, response.text)
+            parsed: list[Manifest] = ijson.sendable_list()
+            parser = ijson.items_coro(parsed, "items.item", use_float=True)
+            async for chunk in response.aiter_bytes():
+                parser.send(chunk)
+                for item in parsed:
+                    yield item
+                del parsed[:]
+                await asyncio.sleep(0)  # a chunk that was already buffered must not hold the loop either
+            parser.close()
+            for item in parsed:
+                yield item
 
     async def watch(
         self, kind: str, namespace: str | None, *, resource_version: str, labels: dict[str, str] | None = None,

@@ -55,7 +55,8 @@ class ClusterGpus:
     graphs at once, each passed again on every event of its pods. One LIST of every pod per pass took
     4-10 s at 1,000 graphs (4,000 pods), held the workers and delayed a `kubectl scale` on another graph
     by up to 10 s (`benchmarks/scale_bench.py`). The LISTs are served from the apiserver's watch cache
-    (resourceVersion 0), not a quorum read of etcd: a message may be a few seconds plus `ttl_s` old.
+    (resourceVersion 0), not a quorum read of etcd: a message may be a few seconds plus `ttl_s` old;
+    the pods are parsed as they arrive (`KubeApi.list_items`), so the read never stalls the event loop.
     """
 
     def __init__(self, kube: kube_mod.KubeApi, *, ttl_s: float = CLUSTER_GPUS_TTL_SECONDS,
@@ -76,11 +77,12 @@ class ClusterGpus:
         return await asyncio.shield(self._pending)
 
     async def _list(self) -> status.GpuCapacity:
-        nodes, bound = await asyncio.gather(
-            self._kube.list("Node", cached=True),
-            self._kube.list("Pod", cached=True,
-                            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"),
-        )
+        async def bound_pods() -> list[Manifest]:
+            # Streamed and projected as they arrive: 4,000 whole pods are ~18 MB of JSON.
+            return [cache_mod.projection("Pod", pod) async for pod in self._kube.list_items(
+                "Pod", cached=True, field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")]
+
+        nodes, bound = await asyncio.gather(self._kube.list("Node", cached=True), bound_pods())
         return status.gpu_capacity(nodes, bound)
 
     def _settle(self, done: asyncio.Future[status.GpuCapacity]) -> None:

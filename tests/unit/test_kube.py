@@ -74,3 +74,66 @@ def test_token_request_and_an_immediate_pod_removal(tmp_path: Path) -> None:
                                               "propagationPolicy": "Background", "preconditions": {"uid": "u-1"},
                                               "gracePeriodSeconds": 0}
     assert "gracePeriodSeconds" not in json.loads(delete.content)
+
+
+class Chunked(httpx.AsyncByteStream):
+    """An answer that arrives in small pieces, as a large List does."""
+
+    def __init__(self, body: bytes, size: int) -> None:
+        self.pieces = [body[i:i + size] for i in range(0, len(body), size)]
+
+    async def __aiter__(self) -> Any:
+        for piece in self.pieces:
+            yield piece
+
+
+def test_a_long_list_is_parsed_as_it_arrives_and_lets_the_event_loop_run(tmp_path: Path) -> None:
+    pods = [{"metadata": {"name": f"p{i}", "labels": {"n": str(i)}}, "spec": {"nodeName": "a", "x": 1.5}}
+            for i in range(300)]
+    body = json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "9"}, "items": pods}).encode()
+    seen: list[httpx.Request] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, stream=Chunked(body, 1024))
+
+    api = kube.KubeApi(kube.load_configuration(str(token_kubeconfig(tmp_path, "t"))), field_manager="test")
+    api._http = httpx.AsyncClient(base_url="https://127.0.0.1:6443", transport=httpx.MockTransport(answer))
+    ticks = 0
+
+    async def other_work() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def go() -> tuple[list[dict[str, Any]], int]:
+        other = asyncio.create_task(other_work())
+        await asyncio.sleep(0)
+        before = ticks
+        items = [item async for item in api.list_items("Pod", cached=True, field_selector="spec.nodeName!=")]
+        during = ticks - before
+        other.cancel()
+        await api.aclose()
+        return items, during
+
+    items, during = asyncio.run(go())
+    assert items == pods
+    assert during >= len(body) // 1024 - 1, "the loop ran between the chunks"
+    assert seen[0].url.params["resourceVersion"] == "0" and seen[0].url.params["fieldSelector"] == "spec.nodeName!="
+
+
+def test_a_refused_streamed_list_is_an_api_error(tmp_path: Path) -> None:
+    api = kube.KubeApi(kube.load_configuration(str(token_kubeconfig(tmp_path, "t"))), field_manager="test")
+    api._http = httpx.AsyncClient(base_url="https://127.0.0.1:6443", transport=httpx.MockTransport(
+        lambda request: httpx.Response(403, text="pods is forbidden")))
+
+    async def go() -> None:
+        [item async for item in api.list_items("Pod")]
+
+    try:
+        asyncio.run(go())
+    except kube.ApiError as error:
+        assert error.status == 403 and "forbidden" in error.message
+    else:
+        raise AssertionError("a 403 must raise")

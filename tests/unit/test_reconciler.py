@@ -402,7 +402,7 @@ def test_what_a_user_asked_for_goes_ahead_of_what_only_reports() -> None:
 # -- the cluster's free GPUs, shared by every graph ------------------------------------------------------
 
 class CountingLists:
-    """An API whose LISTs of Nodes and bound Pods answer one 8-GPU node holding a 3-GPU pod, after
+    """An API whose LISTs of Nodes and (streamed) bound Pods answer one 8-GPU node holding a 3-GPU pod, after
     `gate` opens; counts them and records whether each asked the watch cache."""
 
     def __init__(self) -> None:
@@ -416,10 +416,16 @@ class CountingLists:
         await self.gate.wait()
         if self.fail:
             raise kube.ApiError(503, "etcd away", "ServiceUnavailable")
-        if kind == "Node":
-            return [{"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}]
-        return [{"metadata": {"name": "p"}, "spec": {"nodeName": "n", "containers": [
-            {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "3"}}}]}, "status": {"phase": "Running"}}]
+        return [{"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}]
+
+    async def list_items(self, kind: str, namespace: str | None = None, *, cached: bool = False,
+                         **_: Any) -> Any:
+        self.lists.append((kind, cached))
+        await self.gate.wait()
+        if self.fail:
+            raise kube.ApiError(503, "etcd away", "ServiceUnavailable")
+        yield {"metadata": {"name": "p"}, "spec": {"nodeName": "n", "containers": [
+            {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "3"}}}]}, "status": {"phase": "Running"}}
 
 
 def test_graphs_short_of_gpus_at_once_share_one_read_of_the_cluster() -> None:
