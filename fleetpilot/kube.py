@@ -94,6 +94,12 @@ def _selectors(labels: dict[str, str] | None, field_selector: str | None) -> dic
     return params
 
 
+def _list_params(labels: dict[str, str] | None, field_selector: str | None, cached: bool) -> dict[str, str]:
+    """A LIST's query: its selectors, and resourceVersion 0 (any version: the apiserver's watch cache,
+    not a quorum read of etcd) when `cached`."""
+    return {**_selectors(labels, field_selector), **({"resourceVersion": "0"} if cached else {})}
+
+
 def load_configuration(kubeconfig: str | None = None) -> k8s_client.Configuration:
     """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG by default)."""
     configuration = k8s_client.Configuration()
@@ -178,8 +184,8 @@ class KubeApi:
     ) -> Manifest:
         """The whole List, with metadata.resourceVersion to start a watch from. `cached`: from the
         apiserver's watch cache (resourceVersion 0: any version, cheap), not a quorum read of etcd."""
-        params = {**_selectors(labels, field_selector), **({"resourceVersion": "0"} if cached else {})}
-        return await self._request("GET", KINDS[kind].path(namespace), params=params)
+        return await self._request("GET", KINDS[kind].path(namespace),
+                                   params=_list_params(labels, field_selector, cached))
 
     async def list_items(
         self, kind: str, namespace: str | None = None, *, field_selector: str | None = None, cached: bool = False,
@@ -189,8 +195,8 @@ class KubeApi:
         For lists of thousands (every pod in the cluster, ~18 MB at 4,000 pods): `json.loads` of the
         whole answer held the event loop for 1-3 s on a loaded machine, and with it every watch and
         reconcile of the process. Parsed incrementally (ijson), each chunk costs milliseconds."""
-        params = {**_selectors(None, field_selector), **({"resourceVersion": "0"} if cached else {})}
-        async with self._http.stream("GET", KINDS[kind].path(namespace), params=params,
+        async with self._http.stream("GET", KINDS[kind].path(namespace),
+                                     params=_list_params(None, field_selector, cached),
                                      headers=self._headers()) as response:
             if response.status_code >= 400:
                 await response.aread()

@@ -15,7 +15,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -60,7 +60,7 @@ class ClusterGpus:
     """
 
     def __init__(self, kube: kube_mod.KubeApi, *, ttl_s: float = CLUSTER_GPUS_TTL_SECONDS,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._kube = kube
         self.ttl_s = ttl_s
         self._clock = clock
