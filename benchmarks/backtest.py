@@ -86,10 +86,10 @@ def rows(quick: bool) -> Iterator[Row]:
 
 def scenario(row: Row, profile: profiles.Profile) -> evaluate.Scenario:
     if row.trace == "ServeGen":
-        return evaluate.scenario_from_servegen(row.label, SERVEGEN, profile=profile, sla=SLA,
+        return evaluate.scenario_from_servegen(row.label, SERVEGEN, profile=profile, sla=SLA, burn_in_s=None,
                                                rate_factor=row.rate, model=row.model, startup_s=row.startup_s)
     path, sla = REQUEST_TRACES[row.trace]
-    return evaluate.scenario_from_trace(row.label, path, profile=profile, sla=sla,
+    return evaluate.scenario_from_trace(row.label, path, profile=profile, sla=sla, burn_in_s=None,
                                         rate_factor=row.rate, startup_s=row.startup_s)
 
 
@@ -165,7 +165,9 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
          "bracket the target, so the figure is an end of the sweep, not an interpolation. Replica bounds scale "
          "with each trace's busiest interval (4× the planner's sizing, at least 8, and at least twice the "
          "oracle's largest need); the detail flags any "
-         "policy that touched one."), "",
+         "policy that touched one. The first 10 minutes of each one-hour trace are replayed as every policy's "
+         "history (a burn-in: a running planner warm-starts from Prometheus, a replay would otherwise start "
+         "each causal policy knowing nothing) and are neither scored nor costed, for any policy or the oracle."), "",
         "## Headline: GPU-hours to meet the SLA, as a ratio to the oracle", "", *table, "",
         "## Without tuning: every policy at its default setting", "",
         ("What a user gets who sets no knob, on traffic nobody tuned for: each policy at the setting it ships "

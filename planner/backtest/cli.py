@@ -114,6 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--decode-replicas", type=parse_bounds, default=None, metavar="MIN:MAX",
                        help="decode replica bounds (default as for prefill)")
     group.add_argument("--workers", type=int, default=1, help="processes, one policy at a time each")
+    group.add_argument("--burn-in-minutes", type=float, default=None, metavar="MINUTES",
+                       help="replay the trace's first MINUTES as every policy's history, neither scored nor costed "
+                            "(default: 10 when the replay is at least 30 minutes long, else 0)")
     group.add_argument("--out", type=Path, default=Path("backtest-results"), help="folder for the PNGs and report")
 
 
@@ -139,19 +142,21 @@ def run(args: argparse.Namespace) -> int:
     bounds: dict[FleetPool, tuple[int, int]] | None = None
     if args.prefill_replicas or args.decode_replicas:
         bounds = {"prefill": args.prefill_replicas or (1, 64), "decode": args.decode_replicas or (1, 64)}
+    burn_in_s = None if args.burn_in_minutes is None else args.burn_in_minutes * 60.0
     try:
         if traces.file_format(args.trace) == "servegen":
             scenario = evaluate.scenario_from_servegen(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
                 model=args.model, interval_s=args.interval or 600.0, startup_s=args.startup_seconds, bounds=bounds,
-                timing=timing)
+                timing=timing, burn_in_s=burn_in_s)
         else:
             scenario = evaluate.scenario_from_trace(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
-                interval_s=args.interval or 60.0, startup_s=args.startup_seconds, bounds=bounds, timing=timing)
+                interval_s=args.interval or 60.0, startup_s=args.startup_seconds, bounds=bounds, timing=timing,
+                burn_in_s=burn_in_s)
     except ValueError as error:
         raise SystemExit(f"fleetpilot planner backtest: {error}") from None
-    print(f"{scenario.description}; {scenario.fidelity} fleet model", flush=True)
+    print(f"{scenario.description}; {scenario.fidelity} fleet model; {evaluate.burn_in_note(scenario)}", flush=True)
     done = evaluate.run_all(scenario, predictors=predictors, workers=args.workers, progress=_progress)
     summary = evaluate.summarise(done, scenario)
     _print_table(done, summary, scenario.sla.percentile / 100.0)

@@ -65,8 +65,9 @@ class FleetModel(Protocol):
 
     def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores: ...
 
-    def request_scores(self, sla: api.SlaTarget, *, duration_s: float) -> scores.RequestScores:
-        """Request-level attainment (call after `finish`)."""
+    def request_scores(self, sla: api.SlaTarget, *, duration_s: float,
+                       scored_from_s: float = 0.0) -> scores.RequestScores:
+        """Request-level attainment of the requests that arrived from `scored_from_s` on (call after `finish`)."""
         ...
 
 
@@ -84,6 +85,11 @@ class WindowScores:
     def attainment(self) -> float:
         counted = self.requests > 0
         return float(self.met[counted].mean()) if counted.any() else 1.0
+
+    def since(self, first: int) -> WindowScores:
+        """The windows from index `first` on (a run's scored span)."""
+        return WindowScores(requests=self.requests[first:], ttft_p=self.ttft_p[first:], itl_p=self.itl_p[first:],
+                            good=self.good[first:], met=self.met[first:])
 
 
 def score_requests(outcomes: fleetsim.RequestOutcomes, window_s: float, sla: api.SlaTarget, *,
@@ -122,7 +128,8 @@ class RequestFleet(fleetsim.FleetSimulator):
     def failed(self) -> int:
         return sum(1 for record in self.records if record.failed)
 
-    def request_scores(self, sla: api.SlaTarget, *, duration_s: float) -> scores.RequestScores:
+    def request_scores(self, sla: api.SlaTarget, *, duration_s: float,
+                       scored_from_s: float = 0.0) -> scores.RequestScores:
         o = self.outcomes()
         if not hasattr(self, "_unservable"):
             ttft, itl = scores.lone_latencies(o.isl, o.osl, ttft=self.lone_ttft, itl=self.lone_itl)
@@ -130,7 +137,7 @@ class RequestFleet(fleetsim.FleetSimulator):
         return scores.score_requests(
             o.arrival, np.where(o.failed, np.inf, o.ttft), np.where(o.failed, np.inf, o.itl), self._unservable,
             ttft_target_s=sla.ttft_ms / 1e3, itl_target_s=sla.itl_ms / 1e3, percentile=sla.percentile,
-            duration_s=duration_s)
+            duration_s=duration_s, scored_from_s=scored_from_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,16 +246,19 @@ class _Loop:
                 self.fleet.set_target(pool, targets[pool])
         self.targets = dict(targets)
 
-    def result(self, steps: int, window_s: float | None) -> RunResult:
-        gpu_hours = self.fleet.gpu_seconds(steps * self.interval_s) / 3600.0
+    def result(self, steps: int, window_s: float | None, *, scored_from_s: float = 0.0) -> RunResult:
+        """The run's scores and costs over its scored span: from `scored_from_s` (its burn-in) to its end."""
+        end = steps * self.interval_s
+        gpu_hours = (self.fleet.gpu_seconds(end) - self.fleet.gpu_seconds(scored_from_s)) / 3600.0
         self.fleet.finish()
-        windows = self.fleet.sla_windows(window_s or self.interval_s, self.sla, duration_s=steps * self.interval_s)
+        window_s = window_s or self.interval_s
+        windows = self.fleet.sla_windows(window_s, self.sla, duration_s=end).since(int(scored_from_s // window_s))
         total = int(windows.requests.sum())
         rows = self.rows
         return RunResult(
             policy=self.policy.name, knob=self.policy.knob, gpu_hours=gpu_hours, attainment=windows.attainment,
             requests=total, good=int(windows.good.sum()), failed=self.fleet.failed(), actions=self.actions,
-            scores=self.fleet.request_scores(self.sla, duration_s=steps * self.interval_s),
+            scores=self.fleet.request_scores(self.sla, duration_s=end, scored_from_s=scored_from_s),
             timeline=Timeline(
                 time=np.array(rows["time"]), rate=np.array(rows["rate"]), forecast=np.array(rows["forecast"]),
                 active={pool: np.array(v) for pool, v in self.active.items()},
@@ -259,13 +269,16 @@ class _Loop:
 
 
 def run(fleet: FleetModel, policy: policies.Policy, *, duration_s: float, interval_s: float,
-        sla: api.SlaTarget, window_s: float | None = None) -> RunResult:
-    """Drive `fleet` (built with `policy.initial()` replicas) for `duration_s`, deciding every interval."""
+        sla: api.SlaTarget, window_s: float | None = None, scored_from_s: float = 0.0) -> RunResult:
+    """Drive `fleet` (built with `policy.initial()` replicas) for `duration_s`, deciding every interval;
+    score and cost it from `scored_from_s` on."""
     loop = _Loop(fleet, policy, interval_s=interval_s, sla=sla)
     steps = max(1, math.ceil(duration_s / interval_s))
+    if not 0.0 <= scored_from_s < steps * interval_s:
+        raise ValueError(f"scored_from_s={scored_from_s:g} must lie within the run's {steps * interval_s:g} s")
     for k in range(1, steps + 1):
         loop.step(k * interval_s)
-    return loop.result(steps, window_s)
+    return loop.result(steps, window_s, scored_from_s=scored_from_s)
 
 
 # -- several graphs under one GPU budget ---------------------------------------------------------------

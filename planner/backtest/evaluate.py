@@ -64,6 +64,17 @@ _DEARER: dict[str, Callable[[float], float | None]] = {
 # bursts of a second or less (the Azure trace sends dozens in one second at ×4). Finer costs more numpy
 # per step and adds Poisson noise that the M/G/c wait already counts.
 FLUID_SUB_STEP_S = 0.5
+# The history every policy gets before its score counts: a planner in production warm-starts from
+# Prometheus (`live.WARM_START_S`), while a replay starts each causal policy knowing nothing. Without it,
+# a trace that opens with a burst after a quiet minute (Azure code ×4: 35 req/s at 180 s) fails its first
+# 5-minute window for every causal policy at any setting, which says nothing about any of them. Ten
+# minutes: longer than the longest startup replayed (600 s), short beside an hour; a replay shorter than
+# three of them gets none (`default_burn_in`).
+BURN_IN_S = 600.0
+
+
+def default_burn_in(duration_s: float) -> float:
+    return BURN_IN_S if duration_s >= 3 * BURN_IN_S else 0.0
 MAX_EXTENSIONS = 3  # steps a sweep may take past each end of its knob list
 
 KNOB_NAMES = {"static-peak": "load factor", "static-mean": "load factor", "hpa": "target utilisation",
@@ -101,6 +112,8 @@ class Scenario:
     isl_sample: tuple[int, ...] = ()
     osl_sample: tuple[int, ...] = ()
     known_needs: Mapping[float, Sequence[Mapping[FleetPool, int]]] = dataclasses.field(default_factory=dict)
+    # Replayed but not scored nor costed (`scores`): the history a running planner would have.
+    burn_in_s: float = 0.0
 
     @property
     def horizon(self) -> int:
@@ -165,16 +178,18 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
                         rate_factor: float = 1.0, duration_s: float | None = None, interval_s: float = 60.0,
                         startup_s: float = 120.0, timing: perfmodel.PerformanceModel | None = None,
                         bounds: Mapping[FleetPool, tuple[int, int]] | None = None, fidelity: Fidelity = "request",
-                        fluid_step_s: float = 10.0, seed: int = 0) -> Scenario:
+                        fluid_step_s: float = 10.0, seed: int = 0, burn_in_s: float | None = 0.0) -> Scenario:
     """A request trace (Azure, Mooncake) replayed at `rate_factor`, per request or as a fluid.
 
     `seed` drives the rate scaling's random choices: graphs cut from one trace at one rate differ by it.
+    `burn_in_s`: replayed first, neither scored nor costed (None: `default_burn_in`).
     """
     shape = traces.Shape(rate_factor=rate_factor, duration_s=duration_s, seed=seed)
     requests = tuple(traces.load(path, shape=shape))
     if not requests:
         raise ValueError(f"{path}: no requests in the chosen window")
     duration = duration_s or math.ceil(requests[-1].arrival_s / interval_s) * interval_s
+    burn_in_s = _checked_burn_in(burn_in_s, duration)
     count = max(1, math.ceil(duration / interval_s))
     arrivals = np.array([r.arrival_s for r in requests])
     isl = np.array([r.input_tokens for r in requests], dtype=float)
@@ -201,7 +216,17 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
                                  bounds=bounds, gpus_per_replica=config.gpus["decode"]),
         fleet_config=config, requests=requests, counts=counts, step_s=fluid_step_s,
         isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl), known_needs=known,
+        burn_in_s=burn_in_s,
     )
+
+
+def _checked_burn_in(burn_in_s: float | None, duration_s: float) -> float:
+    if burn_in_s is None:
+        return default_burn_in(duration_s)
+    if not 0.0 <= burn_in_s < duration_s:
+        raise ValueError(f"burn-in {burn_in_s:g} s must be at least 0 and shorter than the replay "
+                         f"({duration_s:g} s): shorten it or replay more of the trace")
+    return burn_in_s
 
 
 def _bounds_from_needs(requests: Sequence[traces.Request], config: fleetsim.FleetConfig, sla: api.SlaTarget,
@@ -225,9 +250,10 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
                            step_s: float = 60.0, startup_s: float = 120.0,
                            synthesis: traces.Synthesis | None = None, seed: int = 0,
                            bounds: Mapping[FleetPool, tuple[int, int]] | None = None,
-                           timing: perfmodel.PerformanceModel | None = None) -> Scenario:
+                           timing: perfmodel.PerformanceModel | None = None,
+                           burn_in_s: float | None = 0.0) -> Scenario:
     """The ServeGen rate series as a fluid: Poisson arrival counts per step at rate × `rate_factor`,
-    lengths drawn from `synthesis` (the series has none)."""
+    lengths drawn from `synthesis` (the series has none); `burn_in_s` as in `scenario_from_trace`."""
     synthesis = synthesis or traces.Synthesis()
     windows = traces.load_rate_series(path, model=model)
     if not windows:
@@ -241,6 +267,7 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
     isl = traces.draw_lengths(rng, synthesis.input_length, 4000)
     osl = traces.draw_lengths(rng, synthesis.output_length, 4000)
     duration = len(counts) * step_s
+    burn_in_s = _checked_burn_in(burn_in_s, duration)
     per_interval = max(1, round(interval_s / step_s))
     rates = counts.reshape(-1, per_interval).sum(axis=1) / interval_s
     loads = tuple(policies.IntervalLoad(float(r), float(isl.mean()), float(osl.mean())) for r in rates)
@@ -257,6 +284,7 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
                                  gpus_per_replica=config.gpus["decode"]),
         fleet_config=config, counts=counts,
         step_s=step_s, isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl),
+        burn_in_s=burn_in_s,
     )
 
 
@@ -413,7 +441,7 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
     def one(knob: float) -> driver.RunResult:
         policy = factory(knob)
         return driver.run(scenario.make_fleet(policy.initial()), policy, duration_s=scenario.duration_s,
-                          interval_s=setting.interval_s, sla=scenario.sla)
+                          interval_s=setting.interval_s, sla=scenario.sla, scored_from_s=scenario.burn_in_s)
 
     began = time.perf_counter()
     results = [one(knob) for knob in values]
@@ -440,7 +468,7 @@ def replay(scenario: Scenario, result: driver.RunResult) -> driver.RunResult:
     policy = policies.Replay(result.policy, result.knob, changes,
                              period_s=REPLAY_PERIOD_S if between else None)
     return driver.run(scenario.make_fleet(policy.initial()), policy, duration_s=scenario.duration_s,
-                      interval_s=scenario.setting.interval_s, sla=scenario.sla)
+                      interval_s=scenario.setting.interval_s, sla=scenario.sla, scored_from_s=scenario.burn_in_s)
 
 
 _SHARED: dict[str, Any] = {}
@@ -665,7 +693,8 @@ def markdown_section(scenario: Scenario, groups_done: Mapping[str, GroupResult],
               f"{target:.0%} of requests, and for {target - scores.WINDOW_SLACK:.0%} in every 5-minute window; "
               f"planning interval {scenario.setting.interval_s:g} s; replica startup {scenario.setting.startup_s:g} s; "
               f"replica bounds {bounds}; fleet model: "
-              f"{'per request' if scenario.fidelity == 'request' else 'fluid'}. {excluded}"), ""]
+              f"{'per request' if scenario.fidelity == 'request' else 'fluid'}; {burn_in_note(scenario)}. {excluded}"),
+             ""]
     lines += ["### GPU-hours to meet the SLA", "",
               ("| policy | GPU-h to meet | ÷ oracle | GPU-h at 99% of requests | best score "
                "| cheapest setting that met it | flags |"), "|---|---:|---:|---:|---:|---|---|"]
@@ -699,6 +728,13 @@ def markdown_section(scenario: Scenario, groups_done: Mapping[str, GroupResult],
     for title, file in png.items():
         lines += [f"![{title}]({file})", ""]
     return "\n".join(lines)
+
+
+def burn_in_note(scenario: Scenario) -> str:
+    if scenario.burn_in_s <= 0:
+        return "every request scored from the first second"
+    return (f"the first {scenario.burn_in_s / 60:g} minutes replayed as every policy's history, "
+            "scored and costed from there")
 
 
 def _worst(result: driver.RunResult) -> str:

@@ -258,7 +258,8 @@ class FluidFleet:
         servable: np.ndarray = ~((lone_ttft > sla.ttft_ms / 1e3) | (lone_itl > sla.itl_ms / 1e3))
         return servable
 
-    def request_scores(self, sla: api.SlaTarget, *, duration_s: float) -> scores.RequestScores:
+    def request_scores(self, sla: api.SlaTarget, *, duration_s: float,
+                       scored_from_s: float = 0.0) -> scores.RequestScores:
         """Each step's arrivals meet the SLA in the proportion its sampled requests do."""
         eligible = self.servable(sla)
         counts = self.arrivals[:len(self.steps)]
@@ -266,10 +267,11 @@ class FluidFleet:
                                              & (step.itl <= sla.itl_ms / 1e3))) for step in self.steps])
         times = np.arange(len(self.steps)) * self.step_s
         eligible_bins, good_bins = scores.binned(times, counts * float(eligible.mean()), counts * good_share,
-                                                 duration_s=duration_s)
-        total = float(counts.sum())
+                                                 duration_s=duration_s, scored_from_s=scored_from_s)
+        total = float(counts[times >= scored_from_s].sum())
         return scores.score_bins(eligible_bins, good_bins, requests=round(total),
-                                 excluded=round(total * (1.0 - float(eligible.mean()))), target=sla.percentile / 100)
+                                 excluded=round(total * (1.0 - float(eligible.mean()))), target=sla.percentile / 100,
+                                 scored_from_s=scored_from_s)
 
     def sla_windows(self, window_s: float, sla: api.SlaTarget, *, duration_s: float) -> WindowScores:
         per = max(1, round(window_s / self.step_s))

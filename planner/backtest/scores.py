@@ -11,7 +11,10 @@ The rules, as serving papers (DistServe, Splitwise) and llm-d score SLO attainme
 - a run's **attainment** is the share of the remaining requests that met the SLA;
 - a run **meets the SLA** when its attainment reaches the SLA percentile (p90 → 90%) *and* no sliding
   5-minute window falls more than 5 points below it, so a policy cannot buy the average by sacrificing
-  one burst. Windows with fewer than `MIN_WINDOW_REQUESTS` eligible requests are too small to judge.
+  one burst. Windows with fewer than `MIN_WINDOW_REQUESTS` eligible requests are too small to judge;
+- requests that arrive before `scored_from_s` (a run's burn-in) are replayed but not scored: a planner in
+  production has the history its warm start loads, and a replay that starts every policy with none would
+  judge its first minutes on what no causal policy can know.
 """
 
 from __future__ import annotations
@@ -60,18 +63,22 @@ class RequestScores:
 
 
 def binned(times: np.ndarray, eligible: np.ndarray, good: np.ndarray, *, stride_s: float = STRIDE_S,
-           duration_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Eligible and good request counts per `stride_s` bin of arrival time (weights may be fractional)."""
-    count = max(1, math.ceil(duration_s / stride_s))
-    index = np.clip((np.asarray(times) // stride_s).astype(int), 0, count - 1)
-    return (np.bincount(index, weights=eligible, minlength=count),
-            np.bincount(index, weights=good, minlength=count))
+           duration_s: float, scored_from_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Eligible and good request counts per `stride_s` bin of arrival time from `scored_from_s` on
+    (weights may be fractional; earlier arrivals are left out)."""
+    count = max(1, math.ceil((duration_s - scored_from_s) / stride_s))
+    times = np.asarray(times)
+    scored = times >= scored_from_s
+    index = np.clip(((times[scored] - scored_from_s) // stride_s).astype(int), 0, count - 1)
+    return (np.bincount(index, weights=np.asarray(eligible)[scored], minlength=count),
+            np.bincount(index, weights=np.asarray(good)[scored], minlength=count))
 
 
 def score_bins(eligible_bins: np.ndarray, good_bins: np.ndarray, *, requests: int, excluded: int, target: float,
                stride_s: float = STRIDE_S, window_s: float = WINDOW_S,
-               min_requests: float = MIN_WINDOW_REQUESTS) -> RequestScores:
-    """Scores from per-bin counts: the total, and the worst sliding window of `window_s`."""
+               min_requests: float = MIN_WINDOW_REQUESTS, scored_from_s: float = 0.0) -> RequestScores:
+    """Scores from per-bin counts (the first bin starting at `scored_from_s`): the total, and the worst
+    sliding window of `window_s`."""
     width = max(1, round(window_s / stride_s))
     kernel = np.ones(width)
     if len(eligible_bins) >= width:
@@ -84,19 +91,23 @@ def score_bins(eligible_bins: np.ndarray, good_bins: np.ndarray, *, requests: in
     if judged.any():
         shares = np.where(judged, good_in_window / np.maximum(in_window, 1e-12), np.inf)
         at = int(np.argmin(shares))
-        worst, start = float(shares[at]), at * stride_s
+        worst, start = float(shares[at]), scored_from_s + at * stride_s
     return RequestScores(target=target, requests=requests, excluded=excluded, good=float(good_bins.sum()),
                          worst_window=worst, worst_window_start=start)
 
 
 def score_requests(arrival: np.ndarray, ttft: np.ndarray, itl: np.ndarray, unservable: np.ndarray, *,
-                   ttft_target_s: float, itl_target_s: float, percentile: float, duration_s: float) -> RequestScores:
-    """Scores of individual requests (failed ones carry infinite latencies)."""
+                   ttft_target_s: float, itl_target_s: float, percentile: float, duration_s: float,
+                   scored_from_s: float = 0.0) -> RequestScores:
+    """Scores of the individual requests that arrived from `scored_from_s` on (failed ones carry infinite
+    latencies)."""
+    scored = np.asarray(arrival) >= scored_from_s
     eligible = ~unservable
     good = eligible & (ttft <= ttft_target_s) & (itl <= itl_target_s)
-    eligible_bins, good_bins = binned(arrival, eligible.astype(float), good.astype(float), duration_s=duration_s)
-    return score_bins(eligible_bins, good_bins, requests=len(arrival), excluded=int(unservable.sum()),
-                      target=percentile / 100.0)
+    eligible_bins, good_bins = binned(arrival, eligible.astype(float), good.astype(float), duration_s=duration_s,
+                                      scored_from_s=scored_from_s)
+    return score_bins(eligible_bins, good_bins, requests=int(scored.sum()), excluded=int((unservable & scored).sum()),
+                      target=percentile / 100.0, scored_from_s=scored_from_s)
 
 
 # -- what a policy costs to meet the SLA ------------------------------------------------------------------

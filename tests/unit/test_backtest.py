@@ -118,6 +118,49 @@ def test_replicas_take_their_startup_time_and_cost_gpus_from_the_start() -> None
     assert fleet.active("prefill") == 0
 
 
+class Fixed(policies.Base):
+    """The same fleet throughout."""
+
+    name, knob = "fixed", 0.0
+
+    def initial(self) -> dict[fleetsim.FleetPool, int]:
+        return {"prefill": 2, "decode": 1}
+
+    def decide(self, stats: fleetsim.WindowStats, now: float) -> dict[fleetsim.FleetPool, int]:
+        return self.initial()
+
+
+def test_a_run_is_scored_and_costed_only_after_its_burn_in() -> None:
+    requests = poisson_trace(2.0, 1200, seed=3)
+    whole = driver.run(driver.RequestFleet(CONFIG, requests, Fixed().initial()), Fixed(), duration_s=1200.0,
+                       interval_s=60.0, sla=SLA)
+    later = driver.run(driver.RequestFleet(CONFIG, requests, Fixed().initial()), Fixed(), duration_s=1200.0,
+                       interval_s=60.0, sla=SLA, scored_from_s=600.0)
+    gpus = CONFIG.gpus["prefill"] * 2 + CONFIG.gpus["decode"]
+    assert whole.gpu_hours == pytest.approx(gpus * 1200 / 3600)
+    assert later.gpu_hours == pytest.approx(gpus * 600 / 3600)
+    assert whole.scores is not None and later.scores is not None
+    assert whole.scores.requests == len(requests)
+    assert later.scores.requests == sum(1 for r in requests if r.arrival_s >= 600.0)
+    assert len(later.timeline.time) == len(whole.timeline.time)  # the burn-in is replayed all the same
+    with pytest.raises(ValueError, match="scored_from_s"):
+        driver.run(driver.RequestFleet(CONFIG, requests, Fixed().initial()), Fixed(), duration_s=1200.0,
+                   interval_s=60.0, sla=SLA, scored_from_s=1200.0)
+
+
+def test_a_short_replay_gets_no_burn_in_and_a_long_one_the_default(tmp_path: Path) -> None:
+    assert evaluate.default_burn_in(1200.0) == 0.0
+    assert evaluate.default_burn_in(3600.0) == evaluate.BURN_IN_S
+    trace = azure_csv(tmp_path / "tiny.csv", poisson_trace(1.0, 300, seed=5))
+    profile = evaluate.model_profile(TIMING)
+    scenario = evaluate.scenario_from_trace("tiny", trace, profile=profile, sla=SLA, burn_in_s=None,
+                                            bounds={"prefill": (1, 4), "decode": (1, 4)})
+    assert scenario.burn_in_s == 0.0
+    with pytest.raises(ValueError, match="burn-in 600 s .* shorter than the replay"):
+        evaluate.scenario_from_trace("tiny", trace, profile=profile, sla=SLA, burn_in_s=600.0,
+                                     bounds={"prefill": (1, 4), "decode": (1, 4)})
+
+
 def test_scaling_down_cancels_starting_replicas_before_draining_ready_ones() -> None:
     fleet = fleetsim.FleetSimulator(CONFIG, [], {"prefill": 2, "decode": 1})
     fleet.set_target("prefill", 4)

@@ -97,3 +97,27 @@ def test_lone_latencies_compute_each_distinct_length_pair_once() -> None:
     assert sorted(calls) == [(100, 5), (100, 7), (200, 5)]
     assert list(ttfts) == [0.1, 0.2, 0.1, 0.1]
     assert list(itls) == [0.01] * 4
+
+
+def test_requests_before_the_burn_in_ends_are_neither_scored_nor_judged() -> None:
+    # Minutes 0-9 all late (what no causal policy could know), minutes 10-29 all on time.
+    arrival = np.arange(0, 1800, 1.0)
+    ttft = np.where(arrival < 600, 5.0, 0.2)
+    whole = _score(list(arrival), list(ttft), [0.01] * 1800)
+    assert whole.worst_window == 0.0 and not whole.meets
+    after = scores.score_requests(arrival, ttft, np.full(1800, 0.01), np.zeros(1800, dtype=bool),
+                                  ttft_target_s=TTFT, itl_target_s=ITL, percentile=90, duration_s=1800.0,
+                                  scored_from_s=600.0)
+    assert (after.requests, after.good) == (1200, 1200)
+    assert after.worst_window == 1.0 and after.worst_window_start >= 600
+    assert after.meets
+
+
+def test_a_late_window_after_the_burn_in_is_reported_where_it_lies() -> None:
+    arrival = np.arange(0, 1800, 1.0)
+    late = (arrival >= 900) & (arrival < 1200) & (np.arange(1800) % 2 == 0)
+    after = scores.score_requests(arrival, np.where(late, 2.0, 0.2), np.full(1800, 0.01), np.zeros(1800, dtype=bool),
+                                  ttft_target_s=TTFT, itl_target_s=ITL, percentile=90, duration_s=1800.0,
+                                  scored_from_s=600.0)
+    assert after.worst_window == pytest.approx(0.5)
+    assert after.worst_window_start == 900
