@@ -124,3 +124,22 @@ def test_a_users_change_to_a_child_goes_at_once_and_status_events_wait_for_their
     assert handlers.enqueue_delay("Service", workqueue.HIGH) == 0.0  # deleted by hand
     assert handlers.enqueue_delay("Pod", workqueue.LOW) == handlers.CHILD_EVENT_DELAY_SECONDS > 0
     assert handlers.enqueue_delay(api.COMPONENT_KIND, workqueue.LOW) == handlers.CHILD_EVENT_DELAY_SECONDS
+
+
+def test_kopf_keeps_no_diff_base_and_writes_nothing_of_its_own_onto_objects() -> None:
+    import kopf
+    from kopf._cogs.structs import diffs
+
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings)
+    assert settings.posting.enabled is False
+    storage = settings.persistence.diffbase_storage
+    assert isinstance(storage, handlers.NoDiffBase)
+    body = kopf.Body({"metadata": {"name": "g-decode-1", "namespace": "n", "labels": {"a": "b"}},
+                      "spec": {"containers": [{"name": "engine", "image": "x"}]}, "status": {"phase": "Running"}})
+    new = storage.build(body=body)
+    assert new == {}  # no copy of the object is made
+    assert not diffs.diff(storage.fetch(body=body), new)  # and kopf sees no change to react to
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=new)
+    assert not patch  # no last-handled-configuration annotation
