@@ -71,10 +71,6 @@ FLUID_SUB_STEP_S = 0.5
 # minutes: longer than the longest startup replayed (600 s), short beside an hour; a replay shorter than
 # three of them gets none (`default_burn_in`).
 BURN_IN_S = 600.0
-
-
-def default_burn_in(duration_s: float) -> float:
-    return BURN_IN_S if duration_s >= 3 * BURN_IN_S else 0.0
 MAX_EXTENSIONS = 3  # steps a sweep may take past each end of its knob list
 
 KNOB_NAMES = {"static-peak": "load factor", "static-mean": "load factor", "hpa": "target utilisation",
@@ -218,6 +214,11 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
         isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl), known_needs=known,
         burn_in_s=burn_in_s,
     )
+
+
+def default_burn_in(duration_s: float) -> float:
+    """`BURN_IN_S` for a replay of three of them or more; none for a shorter one, which it would mostly eat."""
+    return BURN_IN_S if duration_s >= 3 * BURN_IN_S else 0.0
 
 
 def _checked_burn_in(burn_in_s: float | None, duration_s: float) -> float:
