@@ -372,6 +372,14 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
     the maximum cannot reach that share, the share the maximum reaches is the goal. Requests no idle
     replica could serve are not judged, as the scores do not judge them, but they load the fleet.
     """
+    return request_needs_at(requests, config, setting, attainments=(attainment,))[attainment]
+
+
+def request_needs_at(requests: Sequence[Request], config: fleetsim.FleetConfig, setting: policies.Setting, *,
+                     attainments: Sequence[float]) -> dict[float, list[dict[FleetPool, int]]]:
+    """`request_needs` at several attainments in one pass: an interval's simulation on a given fleet is
+    the same whatever share it is judged against, so each (prefill, decode) is simulated once per interval
+    for all of them (the oracle's sweep was most of a per-request backtest row's time)."""
     sla = setting.sla
     interval = setting.interval_s
     instant = dataclasses.replace(config, startup_s=0.0)
@@ -381,7 +389,7 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
     ttft_target, itl_target = sla.ttft_ms / 1e3, sla.itl_ms / 1e3
     (p_lo, p_hi), (d_lo, d_hi) = setting.bounds["prefill"], setting.bounds["decode"]
     probe = fleetsim.FleetSimulator(instant, [], {"prefill": 0, "decode": 0})
-    needs: list[dict[FleetPool, int]] = []
+    needs: dict[float, list[dict[FleetPool, int]]] = {attainment: [] for attainment in attainments}
     servable = [probe.lone_ttft(r.input_tokens) <= ttft_target
                 and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target for r in requests]
     for w in range(count):
@@ -393,7 +401,8 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
         judged = np.array([r.arrival_s >= w * interval - begin and ok
                            for r, ok in zip(chunk, servable[first:bounds[w + 1]], strict=True)], dtype=bool)
         if not judged.any():
-            needs.append({"prefill": p_lo, "decode": d_lo})
+            for attainment in attainments:
+                needs[attainment].append({"prefill": p_lo, "decode": d_lo})
             continue
 
         shares: dict[tuple[int, int], tuple[float, float]] = {}
@@ -414,11 +423,12 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
         # Where even the largest fleet cannot serve that share (a burst of prompts that queue on any
         # number of replicas), the goal is what the largest fleet serves: asking for the bound there
         # would buy nothing and cost more than a policy with the same score.
-        ttft_goal = min(attainment, share(p_hi, d_hi, itl=False)) - 1e-12
-        prefill = fewest(max(p_lo, 1), p_hi, lambda p, g=ttft_goal: share(p, d_hi, itl=False) >= g)  # type: ignore[misc]
-        goal = min(attainment, share(prefill, d_hi, itl=True)) - 1e-12
-        decode = fewest(max(d_lo, 1), d_hi, lambda d, p=prefill, g=goal: share(p, d, itl=True) >= g)  # type: ignore[misc]
-        needs.append({"prefill": prefill, "decode": decode})
+        for attainment in attainments:
+            ttft_goal = min(attainment, share(p_hi, d_hi, itl=False)) - 1e-12
+            prefill = fewest(max(p_lo, 1), p_hi, lambda p, g=ttft_goal: share(p, d_hi, itl=False) >= g)  # type: ignore[misc]
+            goal = min(attainment, share(prefill, d_hi, itl=True)) - 1e-12
+            decode = fewest(max(d_lo, 1), d_hi, lambda d, p=prefill, g=goal: share(p, d, itl=True) >= g)  # type: ignore[misc]
+            needs[attainment].append({"prefill": prefill, "decode": decode})
     return needs
 
 

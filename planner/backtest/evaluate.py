@@ -124,14 +124,21 @@ class Scenario:
 
     def needs(self, attainment: float) -> list[dict[FleetPool, int]]:
         """The oracle's per-interval needs for this share of each interval's requests."""
-        if attainment in self.known_needs:
-            return [dict(need) for need in self.known_needs[attainment]]
+        return self.needs_at((attainment,))[attainment]
+
+    def needs_at(self, attainments: Sequence[float]) -> dict[float, list[dict[FleetPool, int]]]:
+        """`needs` at several shares, the per-request simulations shared between them."""
+        found = {a: [dict(need) for need in self.known_needs[a]] for a in attainments if a in self.known_needs}
+        missing = [a for a in dict.fromkeys(attainments) if a not in found]
+        if not missing:
+            return found
         if self.fidelity == "request":
-            return driver.request_needs(self.requests, self.fleet_config, self.setting, attainment=attainment)
+            return found | driver.request_needs_at(self.requests, self.fleet_config, self.setting,
+                                                   attainments=missing)
         fleet = self.make_fleet({"prefill": 0, "decode": 0})
         assert isinstance(fleet, fluid.FluidFleet)
-        return fluid.fluid_needs(fleet, interval_s=self.setting.interval_s, sla=self.sla, attainment=attainment,
-                                 bounds=self.setting.bounds)
+        return found | {a: fluid.fluid_needs(fleet, interval_s=self.setting.interval_s, sla=self.sla, attainment=a,
+                                             bounds=self.setting.bounds) for a in missing}
 
 
 def load_profile(spec: str) -> profiles.Profile:
@@ -431,12 +438,13 @@ def run_group(scenario: Scenario, group: str, *, knobs: Mapping[str, Sequence[fl
                                        reactive=fast_path, length_mix=length_mix)
         values = knobs["fleetpilot"]
     elif group == "oracle":
+        values = knobs["oracle"]
         shares: dict[float, Sequence[Mapping[FleetPool, int]]] = {1.0: exact_needs}
+        shares.update(scenario.needs_at([k for k in values if k not in shares]))  # one pass for the sweep
         def factory(k: float) -> policies.Policy:
-            if k not in shares:
+            if k not in shares:  # a step past the sweep's ends
                 shares[k] = scenario.needs(k)
             return policies.Oracle(setting, shares[k], knob=k)
-        values = knobs["oracle"]
     else:
         raise ValueError(f"unknown policy group {group!r}")
     def one(knob: float) -> driver.RunResult:

@@ -497,6 +497,20 @@ def test_the_oracle_does_not_buy_the_bound_for_a_request_no_fleet_can_serve() ->
     assert max(max(need.values()) for need in needs) < 16, needs
 
 
+def test_the_oracles_needs_at_several_shares_in_one_pass_are_those_of_each_share_alone() -> None:
+    # A steady load and one burst of prompts that queue: how many replicas it takes depends on how many
+    # of the burst's requests must meet the SLA.
+    burst = [Request(100.0 + i * 0.005, 2048, 64) for i in range(150)]
+    requests = sorted(poisson_trace(4.0, 240, seed=8) + burst, key=lambda r: r.arrival_s)
+    setting = dataclasses.replace(PLANNER_SETTING, startup_s=30.0, bounds={"prefill": (1, 12), "decode": (1, 12)})
+    shares = (0.6, 0.9, 1.0)
+    together = driver.request_needs_at(requests, CONFIG, setting, attainments=shares)
+    alone = {k: driver.request_needs(requests, CONFIG, setting, attainment=k) for k in shares}
+    assert together == alone
+    prefill = {k: sum(need["prefill"] for need in alone[k]) for k in shares}
+    assert prefill[0.6] < prefill[1.0]  # the shares do differ: the test compares distinct sizings
+
+
 def test_the_oracle_sized_for_every_request_serves_them_beside_requests_nobody_can_serve() -> None:
     # Prompts of 100k tokens miss a 500 ms TTFT even alone, so no score counts them, but a fleet still
     # serves them: each holds a prefill replica for seconds and a share of a decode replica's KV cache.
