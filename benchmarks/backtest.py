@@ -165,9 +165,10 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
          "bracket the target, so the figure is an end of the sweep, not an interpolation. Replica bounds scale "
          "with each trace's busiest interval (4× the planner's sizing, at least 8, and at least twice the "
          "oracle's largest need); the detail flags any "
-         "policy that touched one. The first 10 minutes of each one-hour trace are replayed as every policy's "
-         "history (a burn-in: a running planner warm-starts from Prometheus, a replay would otherwise start "
-         "each causal policy knowing nothing) and are neither scored nor costed, for any policy or the oracle."), "",
+         f"policy that touched one. The first {evaluate.BURN_IN_S / 60:g} minutes of every trace are replayed as "
+         "every policy's history (a burn-in: a running planner warm-starts from Prometheus, a replay would "
+         "otherwise start each causal policy knowing nothing) and are neither scored nor costed, for any policy "
+         "or the oracle."), "",
         "## Headline: GPU-hours to meet the SLA, as a ratio to the oracle", "", *table, "",
         "## Without tuning: every policy at its default setting", "",
         ("What a user gets who sets no knob, on traffic nobody tuned for: each policy at the setting it ships "
