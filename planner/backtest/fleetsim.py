@@ -37,6 +37,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
@@ -166,6 +167,7 @@ class _Decode(_Replica):
         self.kv_used = 0
         self.kv_area = 0.0  # ∫ kv_used dt, for the mean KV usage
         self.version = 0  # bumps when the batch changes: older completion events are stale
+        self.sequences = 0  # running + waiting: the load the frontend routes by
 
     def idle(self) -> bool:
         return not self.running and not self.waiting
@@ -175,6 +177,9 @@ class _Decode(_Replica):
 
 
 _ARRIVAL, _PREFILL_STEP, _TRANSFERRED, _DECODE_DONE, _READY = range(5)
+_ID = operator.attrgetter("id")
+_PREFILL_LOAD = operator.attrgetter("queued_tokens")
+_DECODE_LOAD = operator.attrgetter("sequences")
 
 
 class FleetSimulator:
@@ -204,6 +209,11 @@ class FleetSimulator:
         self._busy_seconds: list[float] = []  # and how long it computed
         self._longest_step = 0.0
         self._kv_checkpoints: dict[int, tuple[float, float]] = {}
+        # The least-loaded pick, per pool, from the replicas that serve (in creation order) rather than
+        # every replica ever made, each load an attribute compared in C: at rate ×16 the oracle's search
+        # simulates hundreds of replicas, where a scan of them all calling methods was 85% of a run.
+        self._serving: dict[FleetPool, list[_Replica]] = {"prefill": [], "decode": []}
+        self._starting: dict[FleetPool, list[tuple[float, int, _Replica]]] = {"prefill": [], "decode": []}
         for pool in FLEET_POOLS:
             for _ in range(max(0, int(initial.get(pool, 0)))):
                 self._add_replica(pool, ready_at=0.0)
@@ -256,6 +266,8 @@ class FleetSimulator:
         ready = sorted((r for r in active if r.ready_at <= self.now), key=self._load)
         for replica in ready[:surplus]:
             replica.draining = True
+            if replica in self._serving[pool]:
+                self._serving[pool].remove(replica)
             self._stop_if_drained(replica)
 
     def ready(self, pool: FleetPool) -> int:
@@ -406,16 +418,24 @@ class FleetSimulator:
         self.replicas[pool].append(replica)
         if ready_at > self.now:
             self._push(ready_at, _READY, replica)
+            heapq.heappush(self._starting[pool], (ready_at, replica.id, replica))
+        else:
+            self._serving[pool].append(replica)
 
     def _load(self, replica: _Replica) -> float:
         if isinstance(replica, _Prefill):
             return replica.queued_tokens
         assert isinstance(replica, _Decode)
-        return len(replica.running) + len(replica.waiting)
+        return replica.sequences
 
     def _pick(self, pool: FleetPool) -> _Replica | None:
-        ready = [r for r in self.replicas[pool] if r.is_ready(self.now)]
-        return min(ready, key=self._load) if ready else None
+        """The ready replica with the least load, the oldest of equals."""
+        serving, starting = self._serving[pool], self._starting[pool]
+        while starting and starting[0][0] <= self.now:  # ready now, though its _READY event may not have run
+            replica = heapq.heappop(starting)[2]
+            if replica.stopped is None and not replica.draining:  # not cancelled nor drained meanwhile
+                bisect.insort(serving, replica, key=_ID)
+        return min(serving, key=_PREFILL_LOAD if pool == "prefill" else _DECODE_LOAD) if serving else None
 
     def _handle(self, kind: int, payload: object) -> None:
         if kind == _PREFILL_STEP:
@@ -509,6 +529,7 @@ class FleetSimulator:
         assert isinstance(replica, _Decode)
         self._bring_up_to_date(replica)
         replica.waiting.append(index)
+        replica.sequences += 1
         self._admit(replica)
         self._reschedule(replica)
 
@@ -565,6 +586,7 @@ class FleetSimulator:
             replica.kv_used -= record.isl + record.osl
             replica.prompt_sum -= record.isl
             replica.start_sum -= finish_step - record.osl
+            replica.sequences -= 1
         self._admit(replica)
         self._reschedule(replica)
 

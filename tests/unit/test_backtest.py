@@ -170,6 +170,29 @@ def test_scaling_down_cancels_starting_replicas_before_draining_ready_ones() -> 
     assert all(r.ready_at == CONFIG.startup_s for r in stopped)
 
 
+def test_requests_go_to_the_least_loaded_ready_replica_the_oldest_of_equals() -> None:
+    """The frontend's least-loaded routing as the simulator picks (`FleetSimulator._pick`): the fewest
+    queued prompt tokens, the oldest replica among equals, a replica from the moment it is ready (before
+    its ready event has run), never one draining or cancelled."""
+    fleet = fleetsim.FleetSimulator(CONFIG, [], {"prefill": 3, "decode": 1})
+    first, second, third = fleet.replicas["prefill"]
+    assert isinstance(first, fleetsim._Prefill) and isinstance(second, fleetsim._Prefill)
+    assert isinstance(third, fleetsim._Prefill)
+    assert fleet._pick("prefill") is first
+    first.queued_tokens = 100
+    assert fleet._pick("prefill") is second
+    second.queued_tokens, third.queued_tokens = 50, 50
+    assert fleet._pick("prefill") is second
+    fleet.set_target("prefill", 5)  # two more, ready after the startup
+    fleet.set_target("prefill", 4)  # one of them cancelled before it ever serves
+    fleet.now = CONFIG.startup_s  # the clock at their ready time, their ready event not yet handled
+    cancelled, fourth = sorted(fleet.replicas["prefill"][3:], key=lambda r: r.stopped is None)
+    assert cancelled.stopped is not None and fleet._pick("prefill") is fourth
+    fleet.set_target("prefill", 3)  # drains the emptiest ready one: the newcomer
+    assert fourth.draining and fleet._pick("prefill") is second
+    assert all(not r.draining for r in (first, second, third))
+
+
 def test_window_attainment_counts_only_windows_with_requests() -> None:
     outcomes = fleetsim.RequestOutcomes(
         arrival=np.array([1.0, 2.0, 130.0]), ttft=np.array([0.1, 0.2, 0.9]), itl=np.array([0.01, 0.01, 0.01]),
@@ -198,6 +221,12 @@ def test_a_sweep_is_extended_past_its_ends_until_it_brackets_the_target() -> Non
     stuck = evaluate._bracket([run(0.5)], run, target=0.9, leaner=lambda k: None, dearer=lambda k: k + 0.01)
     assert len(stuck) == evaluate.MAX_EXTENSIONS  # gives up: the report then says it was not bracketed
     assert driver.cost_to_meet([run(0.87), run(0.91)], 0.9).bracketed
+
+    def flat(knob: float) -> driver.RunResult:  # a policy whose score stops moving with its knob at 0.6
+        return dataclasses.replace(run(knob), attainment=min(knob, 0.6))
+    plateau = evaluate._bracket([flat(0.5), flat(0.6)], flat, target=0.9, leaner=lambda k: None,
+                                dearer=lambda k: k + 0.1)
+    assert [round(r.knob, 2) for r in plateau] == [0.7]  # one step that gained nothing, then no more
 
 
 def test_lookahead_asks_for_the_highest_need_until_new_replicas_can_be_ready() -> None:
