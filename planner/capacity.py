@@ -800,6 +800,30 @@ def fewest(lo: int, hi: int, enough: Callable[[int], bool]) -> int:
     return hi
 
 
+def fewest_near(lo: int, hi: int, guess: int, enough: Callable[[int], bool]) -> int:
+    """`fewest(lo, hi, enough)` found from `guess` outwards: steps doubling away from it until `enough`
+    changes, then bisection between. Where the answer lies near the guess (the last interval's, for a
+    load that moves a little), a few evaluations instead of log2(hi − lo); the same answer either way
+    for a monotone `enough`."""
+    guess = min(max(guess, lo), hi)
+    step = 1
+    if enough(guess):
+        high = guess
+        while high > lo:
+            low = max(lo, high - step)
+            if not enough(low):
+                return fewest(low, high, enough) if high - low > 1 else high
+            high, step = low, step * 2
+        return lo
+    low = guess
+    while low < hi:
+        high = min(hi, low + step)
+        if enough(high):
+            return fewest(low, high, enough) if high - low > 1 else high
+        low, step = high, step * 2
+    return hi
+
+
 def _fewest_from(start: int, enough: Callable[[int], bool]) -> int:
     """The least n ≥ `start` with `enough(n)`, `enough` monotone and true somewhere: doubling to a bound,
     then `fewest`."""

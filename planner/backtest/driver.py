@@ -32,7 +32,7 @@ from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import predict
 from fleetpilot.planner.backtest import fleetsim, policies, scores
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
-from fleetpilot.planner.capacity import fewest
+from fleetpilot.planner.capacity import fewest_near
 from fleetpilot.traces import Request
 
 
@@ -390,6 +390,7 @@ def request_needs_at(requests: Sequence[Request], config: fleetsim.FleetConfig, 
     (p_lo, p_hi), (d_lo, d_hi) = setting.bounds["prefill"], setting.bounds["decode"]
     probe = fleetsim.FleetSimulator(instant, [], {"prefill": 0, "decode": 0})
     needs: dict[float, list[dict[FleetPool, int]]] = {attainment: [] for attainment in attainments}
+    guesses: dict[float, dict[FleetPool, int]] = {}  # each share's need in the last interval that had one
     servable = [probe.lone_ttft(r.input_tokens) <= ttft_target
                 and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target for r in requests]
     for w in range(count):
@@ -420,16 +421,27 @@ def request_needs_at(requests: Sequence[Request], config: fleetsim.FleetConfig, 
                                            float((fast & (o.itl <= itl_target))[judged].mean()))
             return shares[prefill, decode][1 if itl else 0]
 
-        # Where even the largest fleet cannot serve that share (a burst of prompts that queue on any
-        # number of replicas), the goal is what the largest fleet serves: asking for the bound there
-        # would buy nothing and cost more than a policy with the same score.
         for attainment in attainments:
-            ttft_goal = min(attainment, share(p_hi, d_hi, itl=False)) - 1e-12
-            prefill = fewest(max(p_lo, 1), p_hi, lambda p, g=ttft_goal: share(p, d_hi, itl=False) >= g)  # type: ignore[misc]
-            goal = min(attainment, share(prefill, d_hi, itl=True)) - 1e-12
-            decode = fewest(max(d_lo, 1), d_hi, lambda d, p=prefill, g=goal: share(p, d, itl=True) >= g)  # type: ignore[misc]
-            needs[attainment].append({"prefill": prefill, "decode": decode})
+            last = guesses.get(attainment, {"prefill": p_lo, "decode": d_lo})
+            prefill = _fewest_reaching(max(p_lo, 1), p_hi, last["prefill"], attainment,
+                                       lambda p: share(p, d_hi, itl=False))
+            decode = _fewest_reaching(max(d_lo, 1), d_hi, last["decode"], attainment,
+                                      lambda d, p=prefill: share(p, d, itl=True))  # type: ignore[misc]
+            guesses[attainment] = {"prefill": prefill, "decode": decode}
+            needs[attainment].append(guesses[attainment])
     return needs
+
+
+def _fewest_reaching(lo: int, hi: int, guess: int, goal: float, share: Callable[[int], float]) -> int:
+    """The fewest replicas in [lo, hi] whose `share` reaches `goal`, searched from `guess` (the interval
+    before's: needs move a little from one interval to the next). Where even `hi` cannot serve that
+    share (a burst of prompts that queue on any number of replicas), the goal is what `hi` serves:
+    asking for the bound there would buy nothing and cost more than a policy with the same score."""
+    fewest_meeting = fewest_near(lo, hi, guess, lambda n: share(n) >= goal - 1e-12)
+    if fewest_meeting < hi or share(hi) >= goal - 1e-12:
+        return fewest_meeting
+    reachable = share(hi) - 1e-12
+    return fewest_near(lo, hi, guess, lambda n: share(n) >= reachable)
 
 
 # -- comparing policies ------------------------------------------------------------------------------

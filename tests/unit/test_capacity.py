@@ -365,3 +365,23 @@ def test_decode_holds_the_size_biased_context_of_the_output_mix() -> None:
     mix_based = TINY.decode_capacity(1000, 500, 0.025, context_length=context)
     assert mix_based.context_length == pytest.approx(context)
     assert mix_based.rate_rps < mean_based.rate_rps
+
+
+def test_the_search_from_a_guess_finds_what_bisection_finds_in_few_evaluations() -> None:
+    """`fewest_near` answers as `fewest` does for a monotone test, whatever the guess, the bounds and
+    where the answer lies (none meeting: `hi`); from a guess next to the answer it needs a handful of
+    evaluations where bisection over hundreds needs about log2 of them."""
+    for lo, hi in ((1, 1), (1, 2), (1, 9), (3, 40), (1, 300)):
+        for answer in range(lo, hi + 2):  # hi + 1: no count in range is enough
+            for guess in range(lo - 1, hi + 2):
+                def enough(n: int, answer: int = answer) -> bool:
+                    return n >= answer
+                assert capacities.fewest_near(lo, hi, guess, enough) == capacities.fewest(lo, hi, enough) \
+                    == min(answer, hi), (lo, hi, answer, guess)
+    asked: list[int] = []
+
+    def counted(n: int) -> bool:
+        asked.append(n)
+        return n >= 150
+    assert capacities.fewest_near(1, 300, 149, counted) == 150
+    assert len(asked) <= 3
