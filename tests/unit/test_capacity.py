@@ -385,3 +385,18 @@ def test_the_search_from_a_guess_finds_what_bisection_finds_in_few_evaluations()
         return n >= 150
     assert capacities.fewest_near(1, 300, 149, counted) == 150
     assert len(asked) <= 3
+
+
+def test_decode_capacity_answers_are_kept_per_argument_and_equal_a_fresh_models() -> None:
+    """The fast path asks for the same lengths every tick: the model answers from what it computed,
+    the same as a model that never answered before, and a changed argument is a new question."""
+    model = capacities.CapacityModel(tiny_profile())
+    asked = [(1000.0, 200.0, 0.02, None, None), (1000.0, 200.0, 0.025, None, None), (1000.0, 200.0, 0.02, 10.0, None),
+             (1000.0, 200.0, 0.02, None, 1500.0), (2000.0, 100.0, 0.03, None, None)]
+    first = [model.decode_capacity(i, o, t, max_running=r, context_length=c) for i, o, t, r, c in asked]
+    again = [model.decode_capacity(i, o, t, max_running=r, context_length=c) for i, o, t, r, c in asked]
+    fresh = [capacities.CapacityModel(tiny_profile()).decode_capacity(i, o, t, max_running=r, context_length=c)
+             for i, o, t, r, c in asked]
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert first == fresh
+    assert len({(d.rate_rps, d.concurrency) for d in first}) > 1  # the arguments do change the answer
