@@ -228,12 +228,6 @@ def test_a_sweep_is_extended_past_its_ends_until_it_brackets_the_target() -> Non
                                 dearer=lambda k: k + 0.1)
     assert [round(r.knob, 2) for r in plateau] == [0.7]  # one step that gained nothing, then no more
 
-    def step(knob: float) -> driver.RunResult:  # close to the target, flat for a step, then over it
-        return dataclasses.replace(run(knob), attainment=0.897 if knob < 0.997 else 0.91)
-    near = evaluate._bracket([step(0.9), step(0.99)], step, target=0.9, leaner=lambda k: None,
-                             dearer=lambda k: round(k + 0.005, 3))
-    assert [r.knob for r in near] == [0.995, 1.0]  # a step that gained nothing near the target: go on
-
 
 def test_lookahead_asks_for_the_highest_need_until_new_replicas_can_be_ready() -> None:
     needs = [{"prefill": n, "decode": 1} for n in (1, 1, 4, 1, 1, 2)]
