@@ -72,10 +72,6 @@ FLUID_SUB_STEP_S = 0.5
 # three of them gets none (`default_burn_in`).
 BURN_IN_S = 600.0
 MAX_EXTENSIONS = 3  # steps a sweep may take past each end of its knob list
-# A step past a sweep's generous end that gains no more than this much score ends the extension: the
-# policy's score no longer moves with its knob (ServeGen m-large: fleetpilot's risk 0.99 → 0.999 runs,
-# 25-45 s each, all at the same worst window), so further steps would only spend the benchmark's time.
-_NO_GAIN = 0.001
 
 KNOB_NAMES = {"static-peak": "load factor", "static-mean": "load factor", "hpa": "target utilisation",
               "dynamo": "load factor", "dynamo-v1": "load factor", "fleetpilot": "risk",
@@ -392,11 +388,8 @@ def _bracket(results: list[driver.RunResult], one: Callable[[float], driver.RunR
             knob = step(end)
             if knob is None or any(abs(r.knob - knob) < 1e-9 for r in every):
                 break
-            run = one(knob)
-            added.append(run)
+            added.append(one(knob))
             end = knob
-            if step is dearer and run.effective <= max(r.effective for r in every) + _NO_GAIN:
-                break  # more of the knob bought no score: past its end it does not reach the target either
     return added
 
 
