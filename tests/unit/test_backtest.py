@@ -222,12 +222,6 @@ def test_a_sweep_is_extended_past_its_ends_until_it_brackets_the_target() -> Non
     assert len(stuck) == evaluate.MAX_EXTENSIONS  # gives up: the report then says it was not bracketed
     assert driver.cost_to_meet([run(0.87), run(0.91)], 0.9).bracketed
 
-    def flat(knob: float) -> driver.RunResult:  # a policy whose score stops moving with its knob at 0.6
-        return dataclasses.replace(run(knob), attainment=min(knob, 0.6))
-    plateau = evaluate._bracket([flat(0.5), flat(0.6)], flat, target=0.9, leaner=lambda k: None,
-                                dearer=lambda k: k + 0.1)
-    assert [round(r.knob, 2) for r in plateau] == [0.7]  # one step that gained nothing, then no more
-
 
 def test_lookahead_asks_for_the_highest_need_until_new_replicas_can_be_ready() -> None:
     needs = [{"prefill": n, "decode": 1} for n in (1, 1, 4, 1, 1, 2)]
