@@ -6,8 +6,10 @@ row on fleets up to 16× the busiest interval's believed need: at rate ×16 hund
 the per-request simulator's cost per routed request is what decides whether a row runs in minutes.
 
 Run (from benchmarks/): `~/.cache/fleetpilot/venv/bin/python fleetsim_bench.py [--trace "Azure code 2023"]
-[--rate 16] [--minutes 5] [--fleets 8,64,256] [--baseline REV]` — `--baseline` (default HEAD) is checked
-out into a temporary git worktree and its `planner/backtest/fleetsim.py` imported beside this one.
+[--rate 16] [--minutes 5] [--fleets 8,64,256] [--baseline REV]` — `--baseline` (default HEAD: the working
+tree's uncommitted change against its commit) is checked out into a temporary git worktree and its
+`planner/backtest/fleetsim.py` imported beside this one. `--baseline 5ce0b0e` measures the pick from the
+serving replicas against the scan of every replica it replaced (2fc462f).
 """
 
 from __future__ import annotations
