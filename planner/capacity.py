@@ -353,7 +353,7 @@ class CapacityModel:
         self._contexts = tuple(row.context for row in self._rows)
         # decode_capacity's answers by its arguments: the fast path asks it for the same lengths every
         # tick until the next interval's means (a quarter of a 14-day fluid backtest run went to asking).
-        self._decode_answers: dict[tuple[float, float, float, float | None, float | None], DecodeCapacity] = {}
+        self._decode_answers = functools.lru_cache(maxsize=_DECODE_ANSWERS_KEPT)(self._decode_capacity)
 
     # -- prefill ------------------------------------------------------------------------------------------
 
@@ -647,18 +647,10 @@ class CapacityModel:
         the mean context of a running sequence when known from the length mix (`decode_context`);
         by default isl + osl / 2.
         """
-        key = (isl, osl, itl_target_s, max_running, context_length)
-        answer = self._decode_answers.get(key)
-        if answer is None:
-            answer = self._decode_capacity(isl, osl, itl_target_s, max_running=max_running,
-                                           context_length=context_length)
-            if len(self._decode_answers) >= _DECODE_ANSWERS_KEPT:
-                self._decode_answers.clear()
-            self._decode_answers[key] = answer
-        return answer
+        return self._decode_answers(isl, osl, itl_target_s, max_running, context_length)
 
-    def _decode_capacity(self, isl: float, osl: float, itl_target_s: float, *,
-                         max_running: float | None, context_length: float | None) -> DecodeCapacity:
+    def _decode_capacity(self, isl: float, osl: float, itl_target_s: float, max_running: float | None,
+                         context_length: float | None) -> DecodeCapacity:
         _check_positive(isl=isl, osl=osl, itl_target_s=itl_target_s)
         context = context_length if context_length is not None else isl + osl / 2.0
         bracket = self._bracket(context)
@@ -828,14 +820,14 @@ def fewest_near(lo: int, hi: int, guess: int, enough: Callable[[int], bool]) -> 
         while high > lo:
             low = max(lo, high - step)
             if not enough(low):
-                return fewest(low, high, enough) if high - low > 1 else high
+                return fewest(low + 1, high, enough)  # low is short: the answer lies in (low, high]
             high, step = low, step * 2
         return lo
     low = guess
     while low < hi:
         high = min(hi, low + step)
         if enough(high):
-            return fewest(low, high, enough) if high - low > 1 else high
+            return fewest(low + 1, high, enough)
         low, step = high, step * 2
     return hi
 
