@@ -15,7 +15,6 @@ Fields the API server adds (defaults, clusterIP, status) are not drift. Pure.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from typing import Any
@@ -26,24 +25,30 @@ Manifest = dict[str, Any]
 
 
 def digest(manifest: Manifest) -> str:
-    """A short, stable digest of what we apply (without the digest annotation itself)."""
-    body = copy.deepcopy(manifest)
-    meta = body.get("metadata", {})
+    """A short, stable digest of what we apply (without the digest annotation itself).
+
+    Reads the manifest without copying it: a pass digests every child of a graph, and a deep copy per
+    child was a tenth of the operator's cold-start CPU at 300 graphs.
+    """
+    body = manifest
+    meta = manifest.get("metadata", {})
     annotations = meta.get("annotations")
-    if annotations is not None:
-        annotations.pop(contract.ANNOTATION_APPLIED, None)
-        if not annotations:
-            del meta["annotations"]
+    if annotations is not None and (contract.ANNOTATION_APPLIED in annotations or not annotations):
+        kept = {k: v for k, v in annotations.items() if k != contract.ANNOTATION_APPLIED}
+        meta = {k: v for k, v in meta.items() if k != "annotations"} | ({"annotations": kept} if kept else {})
+        body = {**manifest, "metadata": meta}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def with_digest(manifest: Manifest) -> Manifest:
-    """The manifest to apply: the same, annotated with its own digest."""
-    stamped = copy.deepcopy(manifest)
-    annotations = stamped["metadata"].setdefault("annotations", {})
-    annotations[contract.ANNOTATION_APPLIED] = digest(manifest)
-    return stamped
+def with_digest(manifest: Manifest, applied: str | None = None) -> Manifest:
+    """The manifest to apply: the same, annotated with its own digest (`applied`, if already computed).
+
+    A new top level and metadata; everything below is shared with `manifest`, which is not changed.
+    """
+    meta = manifest["metadata"]
+    annotations = {**meta.get("annotations", {}), contract.ANNOTATION_APPLIED: applied or digest(manifest)}
+    return {**manifest, "metadata": {**meta, "annotations": annotations}}
 
 
 def contains(live: Any, desired: Any) -> bool:
@@ -68,7 +73,8 @@ def contains(live: Any, desired: Any) -> bool:
     return bool(live == desired)
 
 
-def up_to_date(live: Manifest, desired: Manifest) -> bool:
-    """No apply needed: we applied exactly this before, and nobody has changed what we set since."""
-    applied = live.get("metadata", {}).get("annotations", {}).get(contract.ANNOTATION_APPLIED)
-    return applied == digest(desired) and contains(live, desired)
+def up_to_date(live: Manifest, desired: Manifest, applied: str | None = None) -> bool:
+    """No apply needed: we applied exactly this before (`applied`: the desired digest, if already computed),
+    and nobody has changed what we set since."""
+    stamp = live.get("metadata", {}).get("annotations", {}).get(contract.ANNOTATION_APPLIED)
+    return stamp == (applied or digest(desired)) and contains(live, desired)

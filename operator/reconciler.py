@@ -479,11 +479,11 @@ class GraphReconciler:
 
     async def _apply_owned(self, manifest: Manifest, owner: render.OwnerRef, existing: Manifest | None) -> Manifest:
         """Apply a child we own, unless it is as we applied it; never adopt what somebody else made."""
-        stamped = drift.with_digest(manifest)
+        applied_digest = drift.digest(manifest)
         if existing is None:
             try:
                 metrics.APPLIES.labels(manifest["kind"]).inc()
-                created = await self.kube.create(stamped)
+                created = await self.kube.create(drift.with_digest(manifest, applied_digest))
                 self.cache.remember(created)
                 return created
             except kube_mod.ApiError as error:
@@ -492,10 +492,10 @@ class GraphReconciler:
                 existing = await self.kube.get(manifest["kind"], manifest["metadata"]["namespace"],
                                                manifest["metadata"]["name"])
         await self._check_owner(existing, manifest["kind"], owner)
-        if drift.up_to_date(existing, manifest):
+        if drift.up_to_date(existing, manifest, applied_digest):
             return existing
         metrics.APPLIES.labels(manifest["kind"]).inc()
-        applied = await self.kube.apply(stamped)
+        applied = await self.kube.apply(drift.with_digest(manifest, applied_digest))
         self.cache.remember(applied)
         return applied
 

@@ -73,3 +73,23 @@ def test_the_digest_ignores_its_own_annotation_and_key_order() -> None:
 def test_booleans_are_not_numbers() -> None:
     assert not drift.contains({"x": 1}, {"x": True})
     assert drift.contains({"x": True}, {"x": True})
+
+
+def test_the_digest_is_the_one_earlier_operators_stamped() -> None:
+    """Live children carry the digest an earlier operator wrote: if its value changed, an upgrade would
+    re-apply every child of every graph at once."""
+    assert drift.digest(desired()) == "0927e4914949e246"
+    with_notes = desired()
+    with_notes["metadata"]["annotations"] = {"note": "kept", contract.ANNOTATION_APPLIED: "stale"}
+    assert drift.digest(with_notes) == "1268516886458979" != drift.digest(desired())
+    with_notes["metadata"]["annotations"] = {}
+    assert drift.digest(with_notes) == drift.digest(desired())
+
+
+def test_stamping_and_digesting_leave_the_manifest_as_it_was() -> None:
+    manifest = desired()
+    manifest["metadata"]["annotations"] = {"note": "kept"}
+    stamped = drift.with_digest(manifest)
+    assert manifest == {**desired(), "metadata": {**desired()["metadata"], "annotations": {"note": "kept"}}}
+    assert stamped["metadata"]["annotations"] == {"note": "kept", contract.ANNOTATION_APPLIED: drift.digest(manifest)}
+    assert drift.with_digest(manifest, applied="given")["metadata"]["annotations"][contract.ANNOTATION_APPLIED] == "given"
