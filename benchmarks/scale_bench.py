@@ -5,7 +5,10 @@ commit, run in the same benchmark on the same cluster — and for each graph cou
 
 1. **cold start**: N simulator graphs (4 pods each) are created while the operator is down; then it
    starts. Time until every graph's status is reconciled (`observedGeneration`) and until every graph
-   is Ready; the operator's peak RSS and CPU seconds; its API requests meanwhile.
+   is Ready (read from a watch on the graphs); the operator's peak RSS and CPU seconds; its API requests
+   meanwhile; the CPU seconds of every control-plane process and how busy the machine's cores were, since
+   here they all share them. The graphs sit in one namespace, or `--namespaces N` deals them over N (a
+   namespace per team); `--controller-qps` raises kube-controller-manager's client rate limit.
 2. **at rest**: `--rest-seconds` with nothing changing. The operator's API requests, by verb and
    resource, from the apiserver's audit log (the operator runs as its own ServiceAccount, so its
    requests are told apart from kwok's, the controllers' and this script's).
@@ -44,9 +47,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -65,6 +68,11 @@ IDENTITY = "fleetpilot-operator"
 USER = f"system:serviceaccount:{IDENTITY_NAMESPACE}:{IDENTITY}"
 PODS_PER_GRAPH = 4  # frontend, 1 prefill, 2 decode
 GPUS_PER_GRAPH = 3
+DEFAULT_CONTROLLER_QPS = 20  # kube-controller-manager's --kube-api-qps when not set
+#: Between the last graph turning Ready and the rest window: the Event the operator posts after the status
+#: write that the watch saw belongs to the cold start.
+REST_SETTLE_S = 5.0
+RUN_LABEL = "scale-bench.fleetpilot.dev/run"  # on every graph of one measurement
 
 
 def simulator_graph(name: str, namespace: str) -> dict[str, Any]:
@@ -114,15 +122,16 @@ class GraphWatch:
     the Deployment polling of the `/scale` samples did. A watch costs one event per graph change.
     """
 
-    def __init__(self, client: Api, namespace: str) -> None:
+    def __init__(self, client: Api, run: str) -> None:
         self.client = client
-        self.path = f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.GRAPH_PLURAL}"
-        self.graphs: dict[str, dict[str, Any]] = {}
+        self.path = f"/apis/{api.API_VERSION}/{api.GRAPH_PLURAL}"
+        self.selector = f"{RUN_LABEL}={run}"
+        self.graphs: dict[tuple[str, str], dict[str, Any]] = {}
         self.resource_version = ""
 
     def _list(self) -> None:
-        listed = self.client.request("GET", self.path)
-        self.graphs = {g["metadata"]["name"]: g for g in listed["items"]}
+        listed = self.client.request("GET", f"{self.path}?labelSelector={self.selector}")
+        self.graphs = {key(g): g for g in listed["items"]}
         self.resource_version = listed["metadata"]["resourceVersion"]
 
     def wait(self, check: Callable[[list[dict[str, Any]]], bool], *, timeout: float, what: str) -> float:
@@ -133,7 +142,7 @@ class GraphWatch:
             if time.monotonic() - start > timeout:
                 raise TimeoutError(f"benchmark: {what} not reached within {timeout:.0f}s")
             params = {"watch": "1", "resourceVersion": self.resource_version, "allowWatchBookmarks": "true",
-                      "timeoutSeconds": "30"}
+                      "timeoutSeconds": "30", "labelSelector": self.selector}
             with self.client.http.stream("GET", self.path, params=params) as response:
                 response.raise_for_status()
                 for line in response.iter_lines():
@@ -146,12 +155,16 @@ class GraphWatch:
                         break
                     self.resource_version = body["metadata"]["resourceVersion"]
                     if event["type"] == "DELETED":
-                        self.graphs.pop(body["metadata"]["name"], None)
+                        self.graphs.pop(key(body), None)
                     elif event["type"] != "BOOKMARK":
-                        self.graphs[body["metadata"]["name"]] = body
+                        self.graphs[key(body)] = body
                     if event["type"] != "BOOKMARK" and check(list(self.graphs.values())):
                         return time.monotonic() - start
         return time.monotonic() - start
+
+
+def key(obj: dict[str, Any]) -> tuple[str, str]:
+    return obj["metadata"]["namespace"], obj["metadata"]["name"]
 
 
 def control_plane_cpu(cluster: devcluster.Cluster) -> dict[str, float]:
@@ -463,16 +476,23 @@ def install_crds(cluster: devcluster.Cluster, folder: Path) -> None:
 
 def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubeconfig: Path, graphs: int,
             rest_seconds: float, scale_samples: int, log_dir: Path, planner: bool = False,
-            scrape_s: int = 15) -> dict[str, Any]:
-    namespace = f"scale-{uuid.uuid4().hex[:6]}"
+            scrape_s: int = 15, namespaces_n: int = 1) -> dict[str, Any]:
+    run = uuid.uuid4().hex[:6]
+    # One namespace, or graphs dealt round-robin over several (a namespace per team): the controller-manager's
+    # controllers match selectors against every object of a namespace, so the layout changes their cost.
+    namespaces = [f"scale-{run}"] if namespaces_n == 1 else [f"scale-{run}-{j:03d}" for j in range(namespaces_n)]
+    namespace_of = [namespaces[i % namespaces_n] for i in range(graphs)]
+    namespace = namespaces[0]
     # An earlier commit's operator parses graphs with its own models (unknown fields refused): serve it the
     # CRDs of its time, so the apiserver defaults no field it does not know.
     install_crds(cluster, variant.crds or REPO / "crds")
-    client.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                  "metadata": {"name": namespace}})
+    for name in namespaces:
+        client.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                      "metadata": {"name": name}})
     for i in range(graphs):
-        client.request("POST", f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.GRAPH_PLURAL}",
-                       simulator_graph(f"g{i:04d}", namespace))
+        graph = simulator_graph(f"g{i:04d}", namespace_of[i])
+        graph["metadata"]["labels"] = {RUN_LABEL: run}
+        client.request("POST", f"/apis/{api.API_VERSION}/namespaces/{namespace_of[i]}/{api.GRAPH_PLURAL}", graph)
 
     def reconciled(items: list[dict[str, Any]]) -> bool:
         return len(items) == graphs and all(
@@ -482,7 +502,7 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         return all(any(c["type"] == "Ready" and c["status"] == "True" for c in g.get("status", {}).get("conditions", []))
                    for g in items)
 
-    watch = GraphWatch(client, namespace)
+    watch = GraphWatch(client, run)
 
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     if variant.pythonpath:
@@ -506,6 +526,7 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         print(f"  [{variant.label}] {graphs} graphs: reconciled {t_reconciled:.1f}s, Ready {t_ready:.1f}s;"
               f" at rest for {rest_seconds:.0f}s", flush=True)
 
+        time.sleep(REST_SETTLE_S)
         rest_start = utcnow()
         time.sleep(rest_seconds)
         rest_end = utcnow()
@@ -514,23 +535,24 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         scale_times = []
         rng = random.Random(graphs)
         for sample in range(scale_samples):
-            graph = f"g{rng.randrange(graphs):04d}"
+            index = rng.randrange(graphs)
+            graph, graph_namespace = f"g{index:04d}", namespace_of[index]
             replicas = 2 + sample % 2
             # The prefill Deployment of the graph's (one) generation, <graph>-prefill-<generation>, found
             # before the clock starts; then polled by name. (A label-selector LIST every 20 ms is a quorum read
             # of every Deployment in the namespace from etcd: at 1,000 graphs the polling itself loaded the
             # apiserver and etcd that the operator's write goes through.)
-            listed = client.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments?labelSelector="
+            listed = client.request("GET", f"/apis/apps/v1/namespaces/{graph_namespace}/deployments?labelSelector="
                                     f"fleetpilot.dev/graph={graph},fleetpilot.dev/component=prefill")["items"]
             assert len(listed) == 1, f"{graph}: {len(listed)} prefill Deployments"
             deployment = listed[0]["metadata"]["name"]
             start = time.monotonic()
-            client.http.patch(f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.COMPONENT_PLURAL}/"
+            client.http.patch(f"/apis/{api.API_VERSION}/namespaces/{graph_namespace}/{api.COMPONENT_PLURAL}/"
                               f"{graph}-prefill/scale", json={"spec": {"replicas": replicas}},
                               headers={"Content-Type": "application/merge-patch+json"}).raise_for_status()
 
-            def updated(deployment: str = deployment, replicas: int = replicas) -> bool:
-                found = client.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{deployment}")
+            def updated(deployment: str = deployment, replicas: int = replicas, where: str = graph_namespace) -> bool:
+                found = client.request("GET", f"/apis/apps/v1/namespaces/{where}/deployments/{deployment}")
                 return int(found["spec"]["replicas"]) == replicas
 
             wait(updated, timeout=120, interval=0.02, what=f"{graph}-prefill scaled to {replicas}")
@@ -549,13 +571,16 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         print(f"  [{variant.label}] {graphs} graphs: the planner over all of them", flush=True)
         planning = measure_planner(cluster=cluster, client=client, namespace=namespace, graphs=graphs,
                                    folder=log_dir / f"planner-{graphs}", scrape_s=scrape_s)
-    client.request("DELETE", f"/api/v1/namespaces/{namespace}")
-    wait(lambda: not client.pods(namespace), timeout=1800, what=f"pods of {namespace} gone")
+    for name in namespaces:
+        client.request("DELETE", f"/api/v1/namespaces/{name}")
+    for name in namespaces:
+        wait(lambda name=name: not client.pods(name), timeout=1800, what=f"pods of {name} gone")
     scale_times.sort()
     return {
         "variant": variant.label,
         "graphs": graphs,
         "pods": graphs * PODS_PER_GRAPH,
+        "namespaces": namespaces_n,
         "windows": {"cold": [cold_start.isoformat(), cold_end.isoformat()],
                     "rest": [rest_start.isoformat(), rest_end.isoformat()]},
         "all_reconciled_s": round(t_reconciled, 1),
@@ -614,11 +639,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/scale.json, or"
                         " scale-quick.json in the system's temporary folder with --quick")
     parser.add_argument("--keep", action="store_true", help="leave the bench cluster running")
+    parser.add_argument("--namespaces", type=int, default=1,
+                        help="deal the graphs round-robin over this many namespaces (a namespace per team; needs"
+                             " --no-planner when above 1)")
+    parser.add_argument("--controller-qps", type=int, default=None,
+                        help="kube-controller-manager's --kube-api-qps (burst twice that); default: Kubernetes' 20")
     parser.add_argument("--serve-contract", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--namespace", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_contract is not None:
         return serve_contract(args.serve_contract, args.namespace, int(args.graphs))
+    if args.namespaces > 1 and not args.no_planner and not args.planner_only:
+        parser.error("--namespaces above 1 needs --no-planner: the planner phase reads one namespace")
     if args.quick:
         args.graphs, args.rest_seconds, args.scale_samples, args.scrape_seconds = "10", 20.0, 5, 5
     out = args.out or (Path(tempfile.gettempdir()) / "scale-quick.json" if args.quick else RESULTS / "scale.json")
@@ -629,7 +661,7 @@ def main() -> int:
     # Hundreds of kwok nodes on a shared machine renew their leases late: a node declared NotReady has its
     # pods marked not Ready for good (kwok sets Ready once), and the run would wait for them forever.
     config = devcluster.ClusterConfig(name="scale", port_base=port_base, nodes=nodes, audit_log=True,
-                                      node_monitor_grace_s=600)
+                                      node_monitor_grace_s=600, controller_qps=args.controller_qps)
     cluster = devcluster.Cluster(config)
     cluster.up(reuse=False)
     client = Api(cluster)
@@ -653,7 +685,8 @@ def main() -> int:
                                         rest_seconds=args.rest_seconds, scale_samples=args.scale_samples,
                                         log_dir=config.folder / "logs",
                                         planner=not args.no_planner and variant.pythonpath is None,
-                                        scrape_s=args.scrape_seconds))
+                                        scrape_s=args.scrape_seconds, namespaces_n=args.namespaces))
+                    rows[-1]["controller_manager_qps"] = args.controller_qps or DEFAULT_CONTROLLER_QPS
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")  # so far: a long run keeps its rows
                     print(f"  {json.dumps(rows[-1])}", flush=True)
@@ -675,7 +708,9 @@ def main() -> int:
               f" {row['scale_reflected_p99_s']:>8.2f}s")
     for row in rows:
         others = ", ".join(f"{name} {seconds:.0f}" for name, seconds in row["control_plane_cpu_seconds_cold"].items())
-        print(f"  cold start, {row['variant']} with {row['graphs']} graphs: the machine's cores "
+        print(f"  cold start, {row['variant']} with {row['graphs']} graphs in {row['namespaces']} namespace(s)"
+              f" (controller-manager at "
+              f"{row['controller_manager_qps']} requests/s): the machine's cores "
               f"{100 * row['machine_busy_cold']:.0f}% busy; control plane CPU-s: {others}")
     for row in rows:
         calls = ", ".join(f"{call} {n}" for call, n in row["at_rest_by_call"].items()) or "none"
