@@ -33,6 +33,7 @@ and prints a table.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import datetime
 import json
@@ -55,6 +56,7 @@ from typing import Any
 import httpx
 import yaml
 
+from fleetpilot import informer, kube
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.devcluster import cluster as devcluster
@@ -113,58 +115,31 @@ class Api:
         return items
 
 
-class GraphWatch:
-    """A namespace's graphs as the apiserver last told this script, kept by one watch.
+def wait_for_graphs(cluster: devcluster.Cluster, run: str, check: Callable[[list[dict[str, Any]]], bool], *,
+                    timeout: float, what: str) -> float:
+    """Seconds until `check(graphs of this run)` holds, read from a watch (`informer.Informer`).
 
-    The cold start's clock stops when every graph is reconciled, then Ready. Polling for that — a LIST of
-    every graph twice a second, 4 MB at 1,000 graphs, each read from etcd and encoded by the apiserver, then
-    decoded here — loaded the apiserver, etcd and the two cores that the operator's writes go through, as
-    the Deployment polling of the `/scale` samples did. A watch costs one event per graph change.
+    Polling for it — a LIST of every graph twice a second, 4 MB at 1,000 graphs, each read from etcd and
+    encoded by the apiserver, then decoded here — loaded the apiserver, etcd and the two cores that the
+    operator's writes go through, as the Deployment polling of the `/scale` samples did.
     """
-
-    def __init__(self, client: Api, run: str) -> None:
-        self.client = client
-        self.path = f"/apis/{api.API_VERSION}/{api.GRAPH_PLURAL}"
-        self.selector = f"{RUN_LABEL}={run}"
-        self.graphs: dict[tuple[str, str], dict[str, Any]] = {}
-        self.resource_version = ""
-
-    def _list(self) -> None:
-        listed = self.client.request("GET", f"{self.path}?labelSelector={self.selector}")
-        self.graphs = {key(g): g for g in listed["items"]}
-        self.resource_version = listed["metadata"]["resourceVersion"]
-
-    def wait(self, check: Callable[[list[dict[str, Any]]], bool], *, timeout: float, what: str) -> float:
-        """Seconds until `check(graphs)` holds, reading only watch events after a first LIST."""
+    async def watch() -> float:
         start = time.monotonic()
-        self._list()
-        while not check(list(self.graphs.values())):
-            if time.monotonic() - start > timeout:
-                raise TimeoutError(f"benchmark: {what} not reached within {timeout:.0f}s")
-            params = {"watch": "1", "resourceVersion": self.resource_version, "allowWatchBookmarks": "true",
-                      "timeoutSeconds": "30", "labelSelector": self.selector}
-            with self.client.http.stream("GET", self.path, params=params) as response:
-                response.raise_for_status()
-                for line in response.iter_lines():
-                    if not line:
-                        continue
-                    event = json.loads(line)
-                    body = event["object"]
-                    if event["type"] == "ERROR":  # e.g. 410 Gone: our resourceVersion is too old
-                        self._list()
-                        break
-                    self.resource_version = body["metadata"]["resourceVersion"]
-                    if event["type"] == "DELETED":
-                        self.graphs.pop(key(body), None)
-                    elif event["type"] != "BOOKMARK":
-                        self.graphs[key(body)] = body
-                    if event["type"] != "BOOKMARK" and check(list(self.graphs.values())):
-                        return time.monotonic() - start
+        met = asyncio.Event()
+        api_client = kube.KubeApi(kube.load_configuration(str(cluster.config.kubeconfig)))
+        graphs = informer.Informer(api_client, api.GRAPH_KIND, labels={RUN_LABEL: run}, timeout_s=30,
+                                   on_event=lambda _type, _obj: met.set() if check(graphs.store.objects()) else None)
+        await graphs.start()
+        try:
+            await asyncio.wait_for(met.wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"benchmark: {what} not reached within {timeout:.0f}s") from None
+        finally:
+            await graphs.stop()
+            await api_client.aclose()
         return time.monotonic() - start
 
-
-def key(obj: dict[str, Any]) -> tuple[str, str]:
-    return obj["metadata"]["namespace"], obj["metadata"]["name"]
+    return asyncio.run(watch())
 
 
 def control_plane_cpu(cluster: devcluster.Cluster) -> dict[str, float]:
@@ -428,9 +403,6 @@ async def plan_every_graph(planner: Any, observer: Any) -> dict[str, float]:
 def measure_planner(*, cluster: devcluster.Cluster, client: Api, namespace: str, graphs: int, folder: Path,
                     scrape_s: int) -> dict[str, Any]:
     """Switch every graph to advisory planning and time the live planner over all of them (see module doc)."""
-    import asyncio
-
-    from fleetpilot import kube
     from fleetpilot.planner import live, observe
 
     for i in range(graphs):
@@ -490,9 +462,9 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         client.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                       "metadata": {"name": name}})
     for i in range(graphs):
-        graph = simulator_graph(f"g{i:04d}", namespace_of[i])
-        graph["metadata"]["labels"] = {RUN_LABEL: run}
-        client.request("POST", f"/apis/{api.API_VERSION}/namespaces/{namespace_of[i]}/{api.GRAPH_PLURAL}", graph)
+        manifest = simulator_graph(f"g{i:04d}", namespace_of[i])
+        manifest["metadata"]["labels"] = {RUN_LABEL: run}
+        client.request("POST", f"/apis/{api.API_VERSION}/namespaces/{namespace_of[i]}/{api.GRAPH_PLURAL}", manifest)
 
     def reconciled(items: list[dict[str, Any]]) -> bool:
         return len(items) == graphs and all(
@@ -501,8 +473,6 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
     def all_ready(items: list[dict[str, Any]]) -> bool:
         return all(any(c["type"] == "Ready" and c["status"] == "True" for c in g.get("status", {}).get("conditions", []))
                    for g in items)
-
-    watch = GraphWatch(client, run)
 
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     if variant.pythonpath:
@@ -514,9 +484,9 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
     started = time.monotonic()
     control_plane_before, busy_before = control_plane_cpu(cluster), machine_busy_seconds()
     try:
-        watch.wait(reconciled, timeout=3600, what="all graphs reconciled")
+        wait_for_graphs(cluster, run, reconciled, timeout=3600, what="all graphs reconciled")
         t_reconciled = time.monotonic() - started
-        watch.wait(all_ready, timeout=3600, what="all graphs Ready")
+        wait_for_graphs(cluster, run, all_ready, timeout=3600, what="all graphs Ready")
         t_ready = time.monotonic() - started
         cold_end = utcnow()
         _, cpu_cold = process_stats(operator.pid)
