@@ -170,6 +170,30 @@ def test_scaling_down_cancels_starting_replicas_before_draining_ready_ones() -> 
     assert all(r.ready_at == CONFIG.startup_s for r in stopped)
 
 
+def test_the_fluid_scales_down_as_the_simulator_does_and_counts_ready_replicas_by_time() -> None:
+    """Cancel the replicas still starting (the latest first), then drain the oldest ready ones; a
+    replica counts as ready from its ready time, and a stopped or draining one never again."""
+    fleet = fluid.FluidFleet(CONFIG, np.zeros(60), step_s=10, isl_sample=[1024], osl_sample=[64],
+                             initial={"prefill": 2, "decode": 1})
+    first, second = fleet.replicas["prefill"]
+    fleet.run_until(10)
+    fleet.set_target("prefill", 3)  # ready at 40
+    fleet.run_until(20)
+    fleet.set_target("prefill", 5)  # two more, ready at 50
+    third, fourth, fifth = fleet.replicas["prefill"][2:]
+    assert (fleet.ready("prefill"), fleet.active("prefill")) == (2, 5)
+    assert [fleet.ready("prefill", at) for at in (39, 40, 49, 50)] == [2, 3, 3, 5]
+    fleet.set_target("prefill", 3)  # two of the three starting go: the latest
+    assert fifth.stopped == fourth.stopped == 20 and not fifth.draining and third.stopped is None
+    assert (fleet.ready("prefill", 50), fleet.active("prefill")) == (3, 3)
+    fleet.set_target("prefill", 1)  # the one still starting goes, then the oldest ready one drains
+    assert third.stopped == 20 and first.draining and first.stopped is not None and first.stopped > 20
+    assert second.stopped is None and not second.draining
+    assert (fleet.ready("prefill", 50), fleet.active("prefill")) == (1, 1)
+    fleet.set_target("prefill", 2)  # a new one after all that: ready one startup later
+    assert [fleet.ready("prefill", at) for at in (49, 50)] == [1, 2]
+
+
 def test_requests_go_to_the_least_loaded_ready_replica_the_oldest_of_equals() -> None:
     """The frontend's least-loaded routing as the simulator picks (`FleetSimulator._pick`): the fewest
     queued prompt tokens, the oldest replica among equals, a replica from the moment it is ready (before
