@@ -84,13 +84,13 @@ def rows(quick: bool) -> Iterator[Row]:
     yield Row("ServeGen", 1.0, 120.0, "m-mid")
 
 
-def scenario(row: Row, profile: profiles.Profile) -> evaluate.Scenario:
+def scenario(row: Row, profile: profiles.Profile, *, workers: int = 1) -> evaluate.Scenario:
     if row.trace == "ServeGen":
         return evaluate.scenario_from_servegen(row.label, SERVEGEN, profile=profile, sla=SLA, burn_in_s=None,
                                                rate_factor=row.rate, model=row.model, startup_s=row.startup_s)
     path, sla = REQUEST_TRACES[row.trace]
     return evaluate.scenario_from_trace(row.label, path, profile=profile, sla=sla, burn_in_s=None,
-                                        rate_factor=row.rate, startup_s=row.startup_s)
+                                        rate_factor=row.rate, startup_s=row.startup_s, workers=workers)
 
 
 def slug(label: str) -> str:
@@ -223,7 +223,7 @@ def main() -> int:
         parser.error(f"no row's label contains any of {args.row}; labels look like "
                      f"{next(rows(False)).label!r}")
     for row in chosen_rows:
-        scenario_ = scenario(row, profile)
+        scenario_ = scenario(row, profile, workers=args.workers)
         print(f"== {row.label}: {scenario_.description}", flush=True)
         started = time.perf_counter()
         chosen_predictors = long_predictors if scenario_.fidelity == "fluid" else predictors

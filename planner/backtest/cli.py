@@ -113,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="prefill replica bounds (default: 1 to 4× what the trace's busiest interval needs)")
     group.add_argument("--decode-replicas", type=parse_bounds, default=None, metavar="MIN:MAX",
                        help="decode replica bounds (default as for prefill)")
-    group.add_argument("--workers", type=int, default=1, help="processes, one policy at a time each")
+    group.add_argument("--workers", type=int, default=1, help="processes: the oracle's search split between them, then one policy at a time each")
     group.add_argument("--burn-in-minutes", type=float, default=None, metavar="MINUTES",
                        help="replay the trace's first MINUTES as every policy's history, neither scored nor costed "
                             "(default: 10 when the replay is at least 30 minutes long, else 0)")
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             scenario = evaluate.scenario_from_trace(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
                 interval_s=args.interval or 60.0, startup_s=args.startup_seconds, bounds=bounds, timing=timing,
-                burn_in_s=burn_in_s)
+                burn_in_s=burn_in_s, workers=args.workers)
     except ValueError as error:
         raise SystemExit(f"fleetpilot planner backtest: {error}") from None
     print(f"{scenario.description}; {scenario.fidelity} fleet model; {evaluate.burn_in_note(scenario)}", flush=True)

@@ -20,8 +20,10 @@ Scores, per run:
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -362,7 +364,7 @@ def run_shared(graphs: Sequence[SharedGraph], *, budget: int, duration_s: float,
 
 
 def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, setting: policies.Setting, *,
-                  attainment: float) -> list[dict[FleetPool, int]]:
+                  attainment: float, workers: int = 1) -> list[dict[FleetPool, int]]:
     """Per interval, the fewest prefill then decode replicas with which at least `attainment` of the
     interval's servable requests meet the SLA, on a fleet of that size that has been up since the
     interval before (so it also carries what that interval left queued or decoding: sized on its own
@@ -372,64 +374,120 @@ def request_needs(requests: Sequence[Request], config: fleetsim.FleetConfig, set
     the maximum cannot reach that share, the share the maximum reaches is the goal. Requests no idle
     replica could serve are not judged, as the scores do not judge them, but they load the fleet.
     """
-    return request_needs_at(requests, config, setting, attainments=(attainment,))[attainment]
+    return request_needs_at(requests, config, setting, attainments=(attainment,), workers=workers)[attainment]
+
+
+NEEDS_SEGMENT = 15  # intervals searched in a row, each from the need of the one before
 
 
 def request_needs_at(requests: Sequence[Request], config: fleetsim.FleetConfig, setting: policies.Setting, *,
-                     attainments: Sequence[float]) -> dict[float, list[dict[FleetPool, int]]]:
+                     attainments: Sequence[float], workers: int = 1) -> dict[float, list[dict[FleetPool, int]]]:
     """`request_needs` at several attainments in one pass: an interval's simulation on a given fleet is
     the same whatever share it is judged against, so each (prefill, decode) is simulated once per interval
-    for all of them (the oracle's sweep was most of a per-request backtest row's time)."""
-    sla = setting.sla
-    interval = setting.interval_s
-    instant = dataclasses.replace(config, startup_s=0.0)
-    arrivals = np.array([r.arrival_s for r in requests])
-    count = max(1, math.ceil((arrivals.max() if len(arrivals) else 0.0) / interval) + 1)
-    bounds = np.searchsorted(arrivals, np.arange(count + 1) * interval)
-    ttft_target, itl_target = sla.ttft_ms / 1e3, sla.itl_ms / 1e3
-    (p_lo, p_hi), (d_lo, d_hi) = setting.bounds["prefill"], setting.bounds["decode"]
-    probe = fleetsim.FleetSimulator(instant, [], {"prefill": 0, "decode": 0})
-    needs: dict[float, list[dict[FleetPool, int]]] = {attainment: [] for attainment in attainments}
-    guesses: dict[float, dict[FleetPool, int]] = {}  # each share's need in the last interval that had one
-    servable = [probe.lone_ttft(r.input_tokens) <= ttft_target
-                and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target for r in requests]
-    for w in range(count):
-        begin = max(w - 1, 0) * interval  # the interval before: its work is still on the fleet
-        # Unservable requests are not judged, but they are served all the same: a 100k-token prompt
-        # holds a prefill replica for seconds and a quarter of a decode replica's KV cache.
-        first = bounds[max(w - 1, 0)]
-        chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - begin) for r in requests[first:bounds[w + 1]]]
-        judged = np.array([r.arrival_s >= w * interval - begin and ok
-                           for r, ok in zip(chunk, servable[first:bounds[w + 1]], strict=True)], dtype=bool)
-        if not judged.any():
-            for attainment in attainments:
-                needs[attainment].append({"prefill": p_lo, "decode": d_lo})
-            continue
+    for all of them (the oracle's sweep was most of a per-request backtest row's time).
 
-        shares: dict[tuple[int, int], tuple[float, float]] = {}
+    Intervals are searched in segments of `NEEDS_SEGMENT`, each interval from the need of the one
+    before, each segment's first from the bottom; `workers` processes search the segments side by side.
+    The split is fixed, so the needs do not depend on how many processes found them."""
+    search = _NeedsSearch.of(requests, config, setting, attainments)
+    spans = [(first, min(first + NEEDS_SEGMENT, search.count)) for first in range(0, search.count, NEEDS_SEGMENT)]
+    if workers <= 1 or len(spans) <= 1:
+        parts = [search.segment(first, last) for first, last in spans]
+    else:
+        _SEARCH["search"] = search  # forked: each process has it, nothing is sent but the span
+        try:
+            context = multiprocessing.get_context("fork")
+            with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(spans)),
+                                                        mp_context=context) as pool:
+                parts = list(pool.map(_search_segment, spans))
+        finally:
+            _SEARCH.clear()
+    return {attainment: [need for part in parts for need in part[attainment]] for attainment in attainments}
 
-        def share(prefill: int, decode: int, *, itl: bool, chunk: list[Request] = chunk,
-                  judged: np.ndarray = judged, shares: dict[tuple[int, int], tuple[float, float]] = shares,
-                  ) -> float:
-            """The share of the interval's judged requests meeting TTFT (and ITL) on this fleet."""
-            if (prefill, decode) not in shares:
-                sim = fleetsim.FleetSimulator(instant, chunk, {"prefill": prefill, "decode": decode})
-                sim.finish()
-                o = sim.outcomes()
-                fast = ~o.failed & (o.ttft <= ttft_target)
-                shares[prefill, decode] = (float(fast[judged].mean()),
-                                           float((fast & (o.itl <= itl_target))[judged].mean()))
-            return shares[prefill, decode][1 if itl else 0]
 
-        for attainment in attainments:
-            last = guesses.get(attainment, {"prefill": p_lo, "decode": d_lo})
-            prefill = _fewest_reaching(max(p_lo, 1), p_hi, last["prefill"], attainment,
-                                       lambda p: share(p, d_hi, itl=False))
-            decode = _fewest_reaching(max(d_lo, 1), d_hi, last["decode"], attainment,
-                                      lambda d, p=prefill: share(p, d, itl=True))  # type: ignore[misc]
-            guesses[attainment] = {"prefill": prefill, "decode": decode}
-            needs[attainment].append(guesses[attainment])
-    return needs
+_SEARCH: dict[str, _NeedsSearch] = {}
+
+
+def _search_segment(span: tuple[int, int]) -> dict[float, list[dict[FleetPool, int]]]:
+    return _SEARCH["search"].segment(*span)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NeedsSearch:
+    """What `request_needs_at` searches: the trace cut into intervals, and which requests are judged."""
+
+    requests: Sequence[Request]
+    instant: fleetsim.FleetConfig  # replicas up from the start: the oracle sizes a fleet that is there
+    sla: api.SlaTarget
+    interval_s: float
+    bounds: Mapping[FleetPool, tuple[int, int]]
+    attainments: Sequence[float]
+    edges: np.ndarray  # index of the first request of each interval
+    servable: Sequence[bool]
+
+    @classmethod
+    def of(cls, requests: Sequence[Request], config: fleetsim.FleetConfig, setting: policies.Setting,
+           attainments: Sequence[float]) -> _NeedsSearch:
+        interval = setting.interval_s
+        instant = dataclasses.replace(config, startup_s=0.0)
+        arrivals = np.array([r.arrival_s for r in requests])
+        count = max(1, math.ceil((arrivals.max() if len(arrivals) else 0.0) / interval) + 1)
+        ttft_target, itl_target = setting.sla.ttft_ms / 1e3, setting.sla.itl_ms / 1e3
+        probe = fleetsim.FleetSimulator(instant, [], {"prefill": 0, "decode": 0})
+        servable = [probe.lone_ttft(r.input_tokens) <= ttft_target
+                    and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target for r in requests]
+        return cls(requests=requests, instant=instant, sla=setting.sla, interval_s=interval,
+                   bounds=setting.bounds, attainments=tuple(attainments),
+                   edges=np.searchsorted(arrivals, np.arange(count + 1) * interval), servable=servable)
+
+    @property
+    def count(self) -> int:
+        return len(self.edges) - 1
+
+    def segment(self, first_interval: int, last_interval: int) -> dict[float, list[dict[FleetPool, int]]]:
+        """The needs of intervals [first_interval, last_interval), at every share."""
+        ttft_target, itl_target = self.sla.ttft_ms / 1e3, self.sla.itl_ms / 1e3
+        (p_lo, p_hi), (d_lo, d_hi) = self.bounds["prefill"], self.bounds["decode"]
+        interval, bounds, requests = self.interval_s, self.edges, self.requests
+        needs: dict[float, list[dict[FleetPool, int]]] = {attainment: [] for attainment in self.attainments}
+        guesses: dict[float, dict[FleetPool, int]] = {}  # each share's need in the last interval that had one
+        for w in range(first_interval, last_interval):
+            begin = max(w - 1, 0) * interval  # the interval before: its work is still on the fleet
+            # Unservable requests are not judged, but they are served all the same: a 100k-token prompt
+            # holds a prefill replica for seconds and a quarter of a decode replica's KV cache.
+            first = bounds[max(w - 1, 0)]
+            chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - begin) for r in requests[first:bounds[w + 1]]]
+            judged = np.array([r.arrival_s >= w * interval - begin and ok
+                               for r, ok in zip(chunk, self.servable[first:bounds[w + 1]], strict=True)], dtype=bool)
+            if not judged.any():
+                for attainment in self.attainments:
+                    needs[attainment].append({"prefill": p_lo, "decode": d_lo})
+                continue
+
+            shares: dict[tuple[int, int], tuple[float, float]] = {}
+
+            def share(prefill: int, decode: int, *, itl: bool, chunk: list[Request] = chunk,
+                      judged: np.ndarray = judged, shares: dict[tuple[int, int], tuple[float, float]] = shares,
+                      ) -> float:
+                """The share of the interval's judged requests meeting TTFT (and ITL) on this fleet."""
+                if (prefill, decode) not in shares:
+                    sim = fleetsim.FleetSimulator(self.instant, chunk, {"prefill": prefill, "decode": decode})
+                    sim.finish()
+                    o = sim.outcomes()
+                    fast = ~o.failed & (o.ttft <= ttft_target)
+                    shares[prefill, decode] = (float(fast[judged].mean()),
+                                               float((fast & (o.itl <= itl_target))[judged].mean()))
+                return shares[prefill, decode][1 if itl else 0]
+
+            for attainment in self.attainments:
+                last = guesses.get(attainment, {"prefill": p_lo, "decode": d_lo})
+                prefill = _fewest_reaching(max(p_lo, 1), p_hi, last["prefill"], attainment,
+                                           lambda p: share(p, d_hi, itl=False))
+                decode = _fewest_reaching(max(d_lo, 1), d_hi, last["decode"], attainment,
+                                          lambda d, p=prefill: share(p, d, itl=True))  # type: ignore[misc]
+                guesses[attainment] = {"prefill": prefill, "decode": decode}
+                needs[attainment].append(guesses[attainment])
+        return needs
 
 
 def _fewest_reaching(lo: int, hi: int, guess: int, goal: float, share: Callable[[int], float]) -> int:

@@ -126,15 +126,16 @@ class Scenario:
         """The oracle's per-interval needs for this share of each interval's requests."""
         return self.needs_at((attainment,))[attainment]
 
-    def needs_at(self, attainments: Sequence[float]) -> dict[float, list[dict[FleetPool, int]]]:
-        """`needs` at several shares, the per-request simulations shared between them."""
+    def needs_at(self, attainments: Sequence[float], *, workers: int = 1) -> dict[float, list[dict[FleetPool, int]]]:
+        """`needs` at several shares, the per-request simulations shared between them (searched by
+        `workers` processes; the fluid's search is cheap and runs in this one)."""
         found = {a: [dict(need) for need in self.known_needs[a]] for a in attainments if a in self.known_needs}
         missing = [a for a in dict.fromkeys(attainments) if a not in found]
         if not missing:
             return found
         if self.fidelity == "request":
             return found | driver.request_needs_at(self.requests, self.fleet_config, self.setting,
-                                                   attainments=missing)
+                                                   attainments=missing, workers=workers)
         fleet = self.make_fleet({"prefill": 0, "decode": 0})
         assert isinstance(fleet, fluid.FluidFleet)
         return found | {a: fluid.fluid_needs(fleet, interval_s=self.setting.interval_s, sla=self.sla, attainment=a,
@@ -181,11 +182,13 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
                         rate_factor: float = 1.0, duration_s: float | None = None, interval_s: float = 60.0,
                         startup_s: float = 120.0, timing: perfmodel.PerformanceModel | None = None,
                         bounds: Mapping[FleetPool, tuple[int, int]] | None = None, fidelity: Fidelity = "request",
-                        fluid_step_s: float = 10.0, seed: int = 0, burn_in_s: float | None = 0.0) -> Scenario:
+                        fluid_step_s: float = 10.0, seed: int = 0, burn_in_s: float | None = 0.0,
+                        workers: int = 1) -> Scenario:
     """A request trace (Azure, Mooncake) replayed at `rate_factor`, per request or as a fluid.
 
     `seed` drives the rate scaling's random choices: graphs cut from one trace at one rate differ by it.
-    `burn_in_s`: replayed first, neither scored nor costed (None: `default_burn_in`).
+    `burn_in_s`: replayed first, neither scored nor costed (None: `default_burn_in`). `workers`:
+    processes for the oracle's search that sets the replica bounds.
     """
     shape = traces.Shape(rate_factor=rate_factor, duration_s=duration_s, seed=seed)
     requests = tuple(traces.load(path, shape=shape))
@@ -205,7 +208,7 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
         bounds = scaled_bounds(beliefs, sla, loads)
     elif bounds is None:
         bounds, known[1.0] = _bounds_from_needs(requests, config, sla, loads, beliefs, interval_s=interval_s,
-                                                startup_s=startup_s)
+                                                startup_s=startup_s, workers=workers)
     # The fluid sees the trace's arrivals per sub-step: its bursts, not only its rate per step.
     per = max(1, round(fluid_step_s / FLUID_SUB_STEP_S))
     cells = max(1, math.ceil(duration / fluid_step_s)) * per
@@ -239,7 +242,7 @@ def _checked_burn_in(burn_in_s: float | None, duration_s: float) -> float:
 
 def _bounds_from_needs(requests: Sequence[traces.Request], config: fleetsim.FleetConfig, sla: api.SlaTarget,
                        loads: Sequence[policies.IntervalLoad], beliefs: capacity.CapacityModel, *,
-                       interval_s: float, startup_s: float,
+                       interval_s: float, startup_s: float, workers: int = 1,
                        ) -> tuple[dict[FleetPool, tuple[int, int]], list[dict[FleetPool, int]]]:
     """Bounds that cap no policy: the planner's scaled bounds, raised to twice what the oracle needs
     anywhere (what the planner believes can be far from what the fleet needs: on Mooncake ×4 it
@@ -247,7 +250,7 @@ def _bounds_from_needs(requests: Sequence[traces.Request], config: fleetsim.Flee
     believed = scaled_bounds(beliefs, sla, loads)
     wide = {pool: (1, min(512, 4 * hi)) for pool, (_, hi) in believed.items()}
     setting = policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s, bounds=wide)
-    needs = driver.request_needs(requests, config, setting, attainment=1.0)
+    needs = driver.request_needs(requests, config, setting, attainment=1.0, workers=workers)
     raised = {pool: (1, min(512, max(hi, 2 * max((need[pool] for need in needs), default=1))))
               for pool, (_, hi) in believed.items()}
     return raised, needs
@@ -497,6 +500,11 @@ def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, worke
     # Once: every group's starting fleet (sized for every request of the first intervals: a fleet sized
     # for 90% of them leaves a backlog no policy clears before the first 5-minute window ends), and the oracle.
     needs = scenario.needs(1.0)
+    if "oracle" in names and workers > 1:
+        # The oracle's sweep, searched by every process before the groups start (in one process, at ×16
+        # it took longer than all the other groups of the row together).
+        scenario = dataclasses.replace(scenario, known_needs={
+            **scenario.known_needs, **scenario.needs_at(knobs["oracle"], workers=workers)})
     done: dict[str, GroupResult] = {}
     if workers <= 1:
         for name in names:
@@ -505,11 +513,10 @@ def run_all(scenario: Scenario, *, predictors: Sequence[str] = PREDICTORS, worke
                 progress(done[name])
         return done
     _SHARED.update(scenario=scenario, knobs=knobs, needs=needs)
-    # The slowest groups first, so the pool ends evenly: the oracle (its needs at every share of its sweep,
-    # one process: at ×16 longer than all the other groups of the row together), then the model-based
-    # forecasters.
+    # The slowest groups first, so the pool ends evenly: the model-based forecasters (the fits).
     def slowest_first(name: str) -> int:
-        return 0 if name == "oracle" else 1 if name.startswith("fleetpilot-") and not name.endswith("constant") else 2
+        forecasts = name.startswith(("fleetpilot-", "dynamo")) and not name.startswith("fleetpilot-constant")
+        return 0 if forecasts else 1
     order = sorted(names, key=slowest_first)
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:

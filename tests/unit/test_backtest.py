@@ -558,6 +558,21 @@ def test_the_oracles_needs_at_several_shares_in_one_pass_are_those_of_each_share
     assert prefill[0.6] < prefill[1.0]  # the shares do differ: the test compares distinct sizings
 
 
+def test_the_oracles_needs_do_not_depend_on_how_many_processes_search_them() -> None:
+    # Intervals of 10 s over 300 s: two segments and a part (`driver.NEEDS_SEGMENT`), searched side
+    # by side by two processes or one after another by one, with a burst in the second segment.
+    burst = [Request(170.0 + i * 0.005, 2048, 64) for i in range(100)]
+    requests = sorted(poisson_trace(4.0, 300, seed=9) + burst, key=lambda r: r.arrival_s)
+    setting = dataclasses.replace(PLANNER_SETTING, interval_s=10.0, startup_s=10.0,
+                                  bounds={"prefill": (1, 12), "decode": (1, 12)})
+    shares = (0.75, 1.0)
+    alone = driver.request_needs_at(requests, CONFIG, setting, attainments=shares)
+    side_by_side = driver.request_needs_at(requests, CONFIG, setting, attainments=shares, workers=2)
+    assert side_by_side == alone
+    assert len(alone[1.0]) == 31 > 2 * driver.NEEDS_SEGMENT  # every interval, the one the last arrival opens too
+    assert max(need["prefill"] for need in alone[1.0][17:19]) > max(need["prefill"] for need in alone[1.0][:10])
+
+
 def test_the_oracle_sized_for_every_request_serves_them_beside_requests_nobody_can_serve() -> None:
     # Prompts of 100k tokens miss a 500 ms TTFT even alone, so no score counts them, but a fleet still
     # serves them: each holds a prefill replica for seconds and a share of a decode replica's KV cache.
