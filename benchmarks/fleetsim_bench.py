@@ -31,11 +31,12 @@ from fleetpilot.planner.backtest import evaluate, fleetsim
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _module_at(revision: str, folder: Path) -> ModuleType:
-    """`planner/backtest/fleetsim.py` as it was at `revision`, imported under another name."""
+def module_at(revision: str, folder: Path, path: str = "planner/backtest/fleetsim.py") -> ModuleType:
+    """The module at `path` as it was at `revision` (checked out as a git worktree in `folder`), imported
+    under another name; what it imports comes from this tree."""
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(folder), revision],
                    check=True)
-    spec = importlib.util.spec_from_file_location("fleetsim_baseline", folder / "planner" / "backtest" / "fleetsim.py")
+    spec = importlib.util.spec_from_file_location(f"{Path(path).stem}_baseline", folder / path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
@@ -79,7 +80,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "baseline"
         try:
-            baseline = _module_at(args.baseline, folder)
+            baseline = module_at(args.baseline, folder)
             print(f"{args.trace} ×{args.rate:g}, first {args.minutes:g} min: {len(requests):,} requests; "
                   f"baseline {args.baseline}")
             cases = [(n, instant, None) for n in (int(n) for n in args.fleets.split(","))]

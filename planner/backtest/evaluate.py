@@ -170,12 +170,15 @@ def _interval_loads(arrivals: np.ndarray, isl: np.ndarray, osl: np.ndarray, *, i
 def scaled_bounds(capacity_model: capacity.CapacityModel, sla: api.SlaTarget,
                   loads: Sequence[policies.IntervalLoad]) -> dict[FleetPool, tuple[int, int]]:
     """Replica bounds a user with this traffic would set: 1 to 4× what the planner's sizing wants for
-    the trace's busiest interval (at least 8, at most 512), so that no policy is capped by a bound
-    sized for other traffic."""
-    wide = policies.Setting(capacity=capacity_model, sla=sla, interval_s=60.0, startup_s=0.0,
-                            bounds={"prefill": (1, 512), "decode": (1, 512)})
-    peak = policies.static_replicas(wide, loads, level="peak", factor=1.0)
-    return {pool: (1, min(512, max(8, 4 * peak[pool]))) for pool in fleetsim.FLEET_POOLS}
+    the trace's busiest interval (at least 8), so that no policy is capped by a bound sized for other
+    traffic (a fixed ceiling of 512 capped every policy of ServeGen m-mid, the oracle too)."""
+    unbounded = policies.Setting(capacity=capacity_model, sla=sla, interval_s=60.0, startup_s=0.0,
+                                 bounds={"prefill": (1, UNBOUNDED), "decode": (1, UNBOUNDED)})
+    peak = policies.static_replicas(unbounded, loads, level="peak", factor=1.0)
+    return {pool: (1, max(8, 4 * peak[pool])) for pool in fleetsim.FLEET_POOLS}
+
+
+UNBOUNDED = 10**6  # replicas: a bound no trace reaches, for sizing before the bounds are known
 
 
 def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla: api.SlaTarget,
@@ -248,10 +251,10 @@ def _bounds_from_needs(requests: Sequence[traces.Request], config: fleetsim.Flee
     anywhere (what the planner believes can be far from what the fleet needs: on Mooncake ×4 it
     sized decode at 3 where the oracle needs 17), and the oracle's needs for every request."""
     believed = scaled_bounds(beliefs, sla, loads)
-    wide = {pool: (1, min(512, 4 * hi)) for pool, (_, hi) in believed.items()}
+    wide = {pool: (1, 4 * hi) for pool, (_, hi) in believed.items()}
     setting = policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s, bounds=wide)
     needs = driver.request_needs(requests, config, setting, attainment=1.0, workers=workers)
-    raised = {pool: (1, min(512, max(hi, 2 * max((need[pool] for need in needs), default=1))))
+    raised = {pool: (1, max(hi, 2 * max((need[pool] for need in needs), default=1)))
               for pool, (_, hi) in believed.items()}
     return raised, needs
 

@@ -395,6 +395,13 @@ def test_replica_bounds_scale_with_the_traffic() -> None:
     assert small["prefill"][0] == 1 and small["prefill"][1] >= 8
     assert large["prefill"][1] > 4 * small["prefill"][1] / 2  # grows with the rate
     assert large["decode"][1] >= small["decode"][1]
+    # Traffic that needs hundreds of replicas (ServeGen m-mid) gets bounds four times its peak, however
+    # many that is: a fixed ceiling capped every policy there, the oracle too.
+    huge = [dataclasses.replace(load, rate_rps=load.rate_rps * 160) for load in loads]
+    believed = policies.static_replicas(dataclasses.replace(PLANNER_SETTING, bounds={
+        "prefill": (1, 10**6), "decode": (1, 10**6)}), huge, level="peak", factor=1.0)
+    assert believed["prefill"] > 128
+    assert evaluate.scaled_bounds(PLANNER_SETTING.capacity, SLA, huge)["prefill"] == (1, 4 * believed["prefill"])
 
 
 # -- several graphs under one shared GPU budget --------------------------------------------------------------
