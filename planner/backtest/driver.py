@@ -448,17 +448,17 @@ class _NeedsSearch:
         """The needs of intervals [first_interval, last_interval), at every share."""
         ttft_target, itl_target = self.sla.ttft_ms / 1e3, self.sla.itl_ms / 1e3
         (p_lo, p_hi), (d_lo, d_hi) = self.bounds["prefill"], self.bounds["decode"]
-        interval, bounds, requests = self.interval_s, self.edges, self.requests
+        interval, edges, requests = self.interval_s, self.edges, self.requests
         needs: dict[float, list[dict[FleetPool, int]]] = {attainment: [] for attainment in self.attainments}
         guesses: dict[float, dict[FleetPool, int]] = {}  # each share's need in the last interval that had one
         for w in range(first_interval, last_interval):
             begin = max(w - 1, 0) * interval  # the interval before: its work is still on the fleet
             # Unservable requests are not judged, but they are served all the same: a 100k-token prompt
             # holds a prefill replica for seconds and a quarter of a decode replica's KV cache.
-            first = bounds[max(w - 1, 0)]
-            chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - begin) for r in requests[first:bounds[w + 1]]]
+            first = edges[max(w - 1, 0)]
+            chunk = [dataclasses.replace(r, arrival_s=r.arrival_s - begin) for r in requests[first:edges[w + 1]]]
             judged = np.array([r.arrival_s >= w * interval - begin and ok
-                               for r, ok in zip(chunk, self.servable[first:bounds[w + 1]], strict=True)], dtype=bool)
+                               for r, ok in zip(chunk, self.servable[first:edges[w + 1]], strict=True)], dtype=bool)
             if not judged.any():
                 for attainment in self.attainments:
                     needs[attainment].append({"prefill": p_lo, "decode": d_lo})
