@@ -40,7 +40,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -346,7 +345,7 @@ class PlannerStage:
             [sys.executable, __file__, "--serve-contract", str(self.exporter_port), "--namespace", namespace,
              "--graphs", str(graphs)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.prometheus = subprocess.Popen(
-            [shutil.which("prometheus") or "/usr/bin/prometheus", f"--config.file={folder / 'prometheus.yml'}",
+            [str(devcluster.prometheus_bin()), f"--config.file={folder / 'prometheus.yml'}",
              f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=(folder / "prometheus.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
