@@ -137,7 +137,8 @@ def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: Operato
                                       **groups(kubectl, namespace, "mn", "prefill")}.values() for p in pods])
     assert kept <= everything, "a pod outside the broken group was replaced"
     events = kubectl.items("events", namespace)
-    assert any(e["reason"] == "GroupRestarted" and f"mn-decode-{generation}-1" in e["message"] for e in events)
+    assert any(e["reason"] == "GroupRestarted" and f"mn-decode-{generation}-1" in e["message"] for e in events), \
+        [(e["reason"], e.get("message", "")[:200]) for e in events if e.get("type") == "Warning" or "Group" in e["reason"]]
 
     # Scale down: the highest-index group goes, whole; the others stay as they are.
     decode = groups(kubectl, namespace, "mn", "decode")
