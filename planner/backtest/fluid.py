@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import operator
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -53,6 +54,7 @@ from fleetpilot.planner.backtest.fleetsim import (
 )
 from fleetpilot.planner.capacity import erlang_c, fewest
 
+_READY_AT = operator.attrgetter("ready_at")
 _SAMPLE = 2000  # requests in the length sample; every percentile is read off it
 
 
@@ -125,7 +127,6 @@ class FluidFleet:
         # startup, so creation order is ready order and "how many are ready at t" is a bisection —
         # a 14-day series at hundreds of replicas asks it five times a step.
         self._live: dict[FleetPool, list[_Replica]] = {pool: [] for pool in FLEET_POOLS}
-        self._live_ready_at: dict[FleetPool, list[float]] = {pool: [] for pool in FLEET_POOLS}
         for pool in FLEET_POOLS:
             for _ in range(int(initial.get(pool, 0))):
                 self._start(pool, _Replica(created=0.0, ready_at=0.0))
@@ -165,13 +166,11 @@ class FluidFleet:
         for replica in live[:surplus - cancelled]:
             replica.draining = True
             replica.stopped = self.now + self._lifetime_s()
-        kept = slice(surplus - cancelled, len(live) - cancelled)
-        self._live[pool], self._live_ready_at[pool] = live[kept], self._live_ready_at[pool][kept]
+        self._live[pool] = live[surplus - cancelled:len(live) - cancelled]
 
     def _start(self, pool: FleetPool, replica: _Replica) -> None:
         self.replicas[pool].append(replica)
         self._live[pool].append(replica)
-        self._live_ready_at[pool].append(replica.ready_at)
 
     def failed(self) -> int:
         return 0  # a fluid has no request too large to serve: its sample is of served lengths
@@ -185,7 +184,7 @@ class FluidFleet:
         return total
 
     def ready(self, pool: FleetPool, at: float | None = None) -> int:
-        return bisect.bisect_right(self._live_ready_at[pool], self.now if at is None else at)
+        return bisect.bisect_right(self._live[pool], self.now if at is None else at, key=_READY_AT)
 
     def active(self, pool: FleetPool) -> int:
         return len(self._live[pool])
