@@ -24,8 +24,9 @@ Decode: a replica's ITL grows with the sequences it decodes at once. At the mean
 request (isl + osl/2) the model takes the largest concurrency c with ITL ≤ target at every
 concurrency up to c (the first crossing, so a noisy bump in the profile never lets it skip past a
 violation), within the KV cache (c × context ≤ kv_capacity_tokens) and within the concurrencies the
-profile measured: the ceiling. The rate at concurrency c is share(c) × c / (osl × ITL(c)), where
-share = measured tokens/s × ITL / c is the part of the offered sequences the engine actually runs:
+profile measured: the ceiling. A KV cache or running-batch cap (the engine's, where known) is a wall,
+past which requests wait for a slot without bound, so the ceiling stays `max_utilization` below it.
+The rate at concurrency c is share(c) × c / (osl × ITL(c)), where share = measured tokens/s × ITL / c is the part of the offered sequences the engine actually runs:
 about 1 until its running-batch cap, then falling, because the rest queue (ITL stops growing there,
 and so does throughput). The load sets the concurrency (Little's law: c = rate × osl × ITL), so a
 replica sustains the best rate at any concurrency up to the ceiling; usually that is the rate at the
@@ -676,6 +677,11 @@ class CapacityModel:
         limit: DecodeLimit = "kv" if kv_bound < reach else "grid"
         if max_running is not None and 0 < max_running < top:
             top, limit = max(max_running, lowest), "engine"
+        if limit != "grid":
+            # A full KV cache or running batch is a wall, not a slope: at it, requests queue for a slot
+            # without bound, so a replica is planned below it as a prefill replica is planned below
+            # saturation (`max_utilization`).
+            top = max(min(lowest, top), top * self.max_utilization)
         ceiling = top
         # ITL is linear in concurrency between the rows' breakpoints: walk them, stop at the first
         # crossing of the target and solve that segment exactly.

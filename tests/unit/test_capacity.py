@@ -150,12 +150,27 @@ def test_decode_rate_between_grid_points() -> None:
 def test_decode_rate_limited_by_the_kv_cache() -> None:
     """ISL 1800, OSL 400: context 2000, halfway between the rows, so ITL(c) is the rows' mean:
     12 ms at 1, 25 ms at 50, 40 ms at 100. The KV cache holds 100,000 / 2000 = 50 such sequences,
-    so a 40 ms target stops at 50: 50 / (400 × 0.025) = 5 requests/s."""
+    a wall past which requests queue for a slot, so a 40 ms target stops at max_utilization (0.9) of
+    it: 45, at ITL 12 + 44 × 13 / 49 = 23.67 ms, 45 / (400 × 0.02367) = 4.75 requests/s; at
+    max_utilization 0.6, 30 at 19.55 ms: 3.84 requests/s."""
     assert TINY.itl_s(50, 2000).value == pytest.approx(0.025)
     capacity = TINY.decode_capacity(1800, 400, 0.040)
     assert capacity.limited_by == "kv"
-    assert capacity.concurrency == pytest.approx(50)
-    assert capacity.rate_rps == pytest.approx(5.0)
+    assert capacity.max_concurrency == capacity.concurrency == pytest.approx(45)
+    assert capacity.itl_s == pytest.approx(0.012 + 44 * 0.013 / 49)
+    assert capacity.rate_rps == pytest.approx(45 / (400 * (0.012 + 44 * 0.013 / 49)))
+    relaxed = capacities.CapacityModel(tiny_profile(), max_utilization=0.6).decode_capacity(1800, 400, 0.040)
+    assert relaxed.concurrency == pytest.approx(30)
+    assert relaxed.rate_rps == pytest.approx(30 / (400 * (0.012 + 29 * 0.013 / 49)))
+
+
+def test_an_engine_batch_cap_is_a_wall_planned_below() -> None:
+    """The engine runs at most 40 sequences (max_num_seqs): below the KV cache's 50, so it binds, and
+    the ceiling is 0.9 × 40 = 36, where the 40 ms target alone would allow 50."""
+    capacity = TINY.decode_capacity(1800, 400, 0.040, max_running=40)
+    assert capacity.limited_by == "engine"
+    assert capacity.max_concurrency == pytest.approx(36)
+    assert capacity.rate_rps == pytest.approx(36 / (400 * (0.012 + 35 * 0.013 / 49)))
 
 
 def test_decode_rate_limited_by_the_measured_grid() -> None:
