@@ -224,20 +224,27 @@ class _Loop:
     def react_until(self, now: float) -> None:
         """The policy's fast loop between the last decision and this one, if it has one.
 
-        It runs no finer than the fleet model tells time apart (the fluid model's step).
+        It runs no finer than the fleet model tells time apart (the fluid model's step); a step that
+        spans several of its periods stands for as many ticks, each on the step's gauges and seeing
+        the replicas the last one started (the queue a live loop would see grow between them does
+        not grow here). Without that, a loop bounded per tick (fleetpilot's +50%, Dynamo's +1) would
+        be twelve times slower on a 60-s fluid than it runs live every 5 s.
         """
         period = self.policy.reactive_period_s
         if period is None:
             return
-        period = max(period, self.fleet.resolution_s)
-        tick = now - self.interval_s + period
+        step = max(period, self.fleet.resolution_s)
+        ticks_per_step = max(1, round(step / period))
+        tick = now - self.interval_s + step
         while tick < now - 1e-9:
             self.fleet.run_until(tick)
-            stats = self.fleet.window(tick - period, tick, percentile=self.sla.percentile, gauges_only=True)
-            reaction = self.policy.react(stats, tick)
-            if reaction is not None:
+            for _ in range(ticks_per_step):
+                stats = self.fleet.window(tick - step, tick, percentile=self.sla.percentile, gauges_only=True)
+                reaction = self.policy.react(stats, tick)
+                if reaction is None:
+                    break
                 self._apply(reaction, tick)
-            tick += period
+            tick += step
 
     def _apply(self, targets: Mapping[FleetPool, int], now: float) -> None:
         if any(targets[pool] != self.targets[pool] for pool in FLEET_POOLS):

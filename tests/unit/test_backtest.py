@@ -519,6 +519,21 @@ def test_a_fast_loop_runs_between_decisions_and_sees_the_prompt_queue() -> None:
     assert fleet.active("prefill") == policy.current["prefill"]
 
 
+def test_a_fast_loop_on_a_coarse_fluid_runs_as_many_ticks_as_its_step_spans() -> None:
+    """A 30-s fluid step spans six 5-s periods of the loop: at each step it runs up to six times on the
+    step's gauges, each seeing the replica the last one started (as six live ticks would, the queue
+    aside), and stops at the first that changes nothing: +1 per tick takes prefill from 1 to 7 at the
+    first step, where one call per step would have added one replica."""
+    policy = Reactive()
+    counts = np.full(4, 60.0 * 30.0)  # 60 req/s of 4,096-token prompts: more than eight prefill replicas do
+    fleet = fluid.FluidFleet(CONFIG, counts, step_s=30.0, isl_sample=[4096], osl_sample=[16],
+                             initial=policy.initial())
+    result = driver.run(fleet, policy, duration_s=120.0, interval_s=60.0, sla=SLA)
+    assert policy.calls == [30.0] * 6 + [90.0] * 2  # at 90: one more, then at its limit, no change
+    assert [(t, c["prefill"]) for t, c in result.timeline.changes[1:]] == [(30.0, n) for n in range(2, 8)] + [(90.0, 8)]
+    assert fleet.active("prefill") == 8
+
+
 def test_a_replayed_fleet_scores_what_the_run_it_replays_scored(azure_scenario: evaluate.Scenario) -> None:
     # The fluid check compares the two fleet models on one fleet: replaying a run's fleet on the same
     # model must give back the same GPU-hours and the same requests met.
