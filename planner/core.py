@@ -148,6 +148,10 @@ class GraphPlanConfig:
     # fleet may differ from its profile before ProfileDrift says so.
     auto_correct: bool = True
     drift_threshold: float = drifts.DEFAULT_THRESHOLD
+    # The decode engine's running-batch cap as the graph's engine flags set it (`decode_batch_cap`):
+    # sizing knows the wall from the first interval, not only once an overload has shown it
+    # (`learn_max_running`). None: not stated, learned from the fleet alone.
+    decode_batch_cap: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.risk < 1:
@@ -182,6 +186,7 @@ def config_from_spec(spec: api.DynamoGraphSpec, *, startup_s: float = 120.0, hol
         reactive_period_s=float(planner.fast_path_seconds) or None,
         auto_correct=planner.profile.auto_correct if planner.profile else True,
         drift_threshold=planner.profile.drift_threshold if planner.profile else drifts.DEFAULT_THRESHOLD,
+        decode_batch_cap=spec.decode_batch_cap(),
     )
 
 
@@ -230,6 +235,9 @@ class GraphMemory:
     isl_histograms: tuple[lengths.Histogram | None, ...] = ()
     osl_histograms: tuple[lengths.Histogram | None, ...] = ()
     drift: tuple[drifts.Sample, ...] = ()  # the last intervals' TTFT and ITL against the profile
+    # The last interval was held through a silence (`implausible_silence`): the next one with traffic
+    # holds part of the outage too, so its mean understates the load that came back.
+    after_silence: bool = False
 
     def coverage(self) -> dict[str, dict[float, float]]:
         """Per load, per tracked quantile, the recent share of outcomes the calibrated quantile covered."""
@@ -335,9 +343,36 @@ def _append(series: tuple[float, ...], value: float) -> tuple[float, ...]:
 
 
 def recent_mean(series: tuple[float, ...], k: int = 6) -> float:
-    """The mean of the last `k` intervals that had any (lengths of an idle interval are unknown, not 0)."""
-    tail = [v for v in series[-k:] if v > 0]
+    """The mean of the last `k` intervals that had any, however long ago (lengths of an idle interval
+    are unknown, not 0: after six idle intervals the last traffic's lengths still stand, where the last
+    six entries would have said ISL 1, OSL 1 and sized decode at one replica for 600 req/s)."""
+    tail: list[float] = []
+    for value in reversed(series):
+        if value > 0:
+            tail.append(value)
+            if len(tail) == k:
+                break
     return sum(tail) / len(tail) if tail else 0.0
+
+
+def implausible_silence(rate_rps: float, rates: tuple[float, ...], interval_s: float) -> float | None:
+    """The arrivals the last busy intervals make one interval expect, where this interval had none and
+    Poisson arrivals at that level would be silent less than once in a million intervals (pure); None
+    where silence is ordinary (no traffic before, or so little that an empty interval happens).
+
+    Traffic that stops dead (ServeGen m-mid: 2,100 req/s, then two hours of nothing, then 2,100 again)
+    is an outage upstream or a gap in the data, not a trough: a fleet scaled down through it meets the
+    returning load with a tenth of what it needs. Such an interval is planned as missing data (hold).
+    A real decline to zero passes through quiet intervals first, so the level it is judged against is
+    small and so is the fleet held; a graph that may scale to zero still does (`zero`)."""
+    if rate_rps > 0:
+        return None
+    expected = recent_mean(rates) * interval_s
+    return expected if expected > _SILENCE_EXPECTED else None
+
+
+# Expected arrivals above which an empty interval is an outage: P(no Poisson arrival) = e^-13.8 = 1e-6.
+_SILENCE_EXPECTED = -math.log(1e-6)
 
 
 def recent_mix(histograms: tuple[lengths.Histogram | None, ...], mean: float, k: int = MIX_INTERVALS) -> lengths.LengthMix | None:
@@ -546,6 +581,13 @@ def plan_interval(
     it has already made for the same history, so a sweep fits each model once).
     """
     observation = plausible(observation)
+    silence = None
+    if observation.complete and observation.rate_rps is not None:
+        silence = implausible_silence(observation.rate_rps, memory.rates, config.interval_s)
+    if silence is not None:
+        observation = dataclasses.replace(observation, error=(
+            f"no request this interval where the last busy intervals expect {silence:,.0f}: an outage or a gap in"
+            " the metrics, not a trough; holding"))
     if not observation.complete:
         why = observation.error or "incomplete metrics"
         decision = sizing.constrain(
@@ -553,9 +595,12 @@ def plan_interval(
             gpus_per_replica=config.gpus_per_replica, gpu_budget=config.gpu_budget, state=memory.scale_down,
             now=now, hold_seconds=config.hold_s, max_step_down=config.max_step_down, data_ok=False, data_note=why,
         )
+        # A silence measured the fleet fine: the last judgement of its drift stands (missing metrics: none).
+        verdict = drifts.judge(memory.drift, threshold=config.drift_threshold) if silence is not None else None
         plan = Plan(replicas=decision.replicas, reasons=decision.reasons, data_ok=False, observed=observation,
-                    binding=decision.binding)
-        return plan, dataclasses.replace(memory, scale_down=decision.state)
+                    binding=decision.binding, drift=verdict)
+        return plan, dataclasses.replace(memory, scale_down=decision.state,
+                                         after_silence=silence is not None or memory.after_silence)
 
     rate = float(observation.rate_rps or 0.0)
     memory = realise(memory, rate=rate, isl=observation.isl or 0.0, osl=observation.osl or 0.0, risk=config.risk)
@@ -564,8 +609,11 @@ def plan_interval(
         rates=_append(memory.rates, rate),
         isls=_append(memory.isls, observation.isl or 0.0),
         osls=_append(memory.osls, observation.osl or 0.0),
-        isl_histograms=(*memory.isl_histograms, observation.isl_histogram)[-MIX_INTERVALS:],
-        osl_histograms=(*memory.osl_histograms, observation.osl_histogram)[-MIX_INTERVALS:],
+        # The mix of the last intervals that measured one: an idle interval's is unknown, not empty.
+        isl_histograms=(*memory.isl_histograms, observation.isl_histogram)[-MIX_INTERVALS:]
+        if observation.isl_histogram is not None else memory.isl_histograms,
+        osl_histograms=(*memory.osl_histograms, observation.osl_histogram)[-MIX_INTERVALS:]
+        if observation.osl_histogram is not None else memory.osl_histograms,
     )
     forecast_error = None
     if memory.forecast_for_now is not None and rate > 0:
@@ -594,6 +642,10 @@ def plan_interval(
     max_running = memory.decode_max_running
     if config.disaggregated:
         max_running = learn_max_running(max_running, observation, serving.get("decode", 0))
+    # What the engine's flags say binds from the start; what the fleet showed binds where it is lower
+    # (a KV cache smaller than profiled).
+    stated = [cap for cap in (max_running, config.decode_batch_cap) if cap is not None]
+    batch_cap = min(stated) if stated else math.nan
     # Intervals that measured nothing (no traffic) leave the last judgement standing.
     sample = interval_drift(config, capacity, observation, serving, estimate, burst=interval_burst)
     measured = sample.measured
@@ -601,8 +653,7 @@ def plan_interval(
                                  decode_max_running=max_running,
                                  drift=(*memory.drift, sample)[-CALIBRATION_INTERVALS:] if measured else memory.drift)
     verdict = drifts.judge(memory.drift, threshold=config.drift_threshold)
-    corrections = dataclasses.replace(calibrated(memory.calibration),
-                                      decode_max_running=max_running if max_running is not None else math.nan)
+    corrections = dataclasses.replace(calibrated(memory.calibration), decode_max_running=batch_cap)
     if not config.auto_correct:
         # The profile as written: what was learned of the fleet's speed and latency stays out of sizing.
         corrections = dataclasses.replace(corrections, prefill=1.0, decode=1.0, prefill_offset_s=0.0,
@@ -610,6 +661,14 @@ def plan_interval(
     size = sizing.size if config.disaggregated else sizing.size_aggregated
     most = {pool: bound.max_replicas for pool, bound in config.bounds.items()}
     desired = size(load, capacity, config.sla, corrections, most=most)
+    if memory.after_silence:
+        # Traffic came back during the interval: what it measured is part outage, part load, so it
+        # may add replicas but not take any away (ServeGen m-mid: 14 req/s measured as 2,100 resumed,
+        # and a cut to half the fleet met them).
+        desired = dataclasses.replace(desired, replicas={pool: max(n, current.get(pool, 0))
+                                                         for pool, n in desired.replicas.items()},
+                                      reason=f"{desired.reason}; traffic resumed after an outage this interval:"
+                                             " no scale-down until an interval measures it whole")
     # Until the forecast's errors have been scored a few times, its "cautious" quantile is the model's
     # own word (nothing at all on a flat start): no scale-down skips the hold before that.
     scored = min((len(memory.forecast_calibration[name].scores) if name in memory.forecast_calibration else 0)
@@ -637,7 +696,7 @@ def plan_interval(
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast,
-                                     forecast_state=forecast.state)
+                                     forecast_state=forecast.state, after_silence=False)
 
 
 def react(

@@ -442,6 +442,36 @@ class DynamoGraphSpec(ApiModel):
     rollout: RolloutSpec = _defaulted(RolloutSpec)
     placement: PlacementSpec = _defaulted(PlacementSpec)
 
+    def decode_batch_cap(self) -> int | None:
+        """The most sequences one decode replica runs at once, as its engine flags set it (engine.args,
+        then the decode component's, the last one winning as in the engine's own parser); the
+        simulator's default when it is not set; None where the engine's default is not known (vLLM's
+        depends on its version and the GPU) or the graph has no decode pool."""
+        decode = self.components.decode
+        if decode is None:
+            return None
+        flags = _BATCH_CAP_FLAGS[self.engine.framework]
+        found: int | None = None
+        args = [*self.engine.args, *decode.args]
+        for i, arg in enumerate(args):
+            name, equals, value = arg.partition("=")
+            if name not in flags:
+                continue
+            text = value if equals else (args[i + 1] if i + 1 < len(args) else "")
+            found = int(text) if text.isdigit() and int(text) > 0 else found
+        return found if found is not None else SIMULATOR_MAX_NUM_SEQS if self.engine.framework == "simulator" else None
+
+
+# Each engine's flag for its running-batch cap (vLLM's and the simulator's max_num_seqs, SGLang's
+# max_running_requests, TensorRT-LLM's max_batch_size), in the spellings its CLI accepts.
+_BATCH_CAP_FLAGS: dict[str, tuple[str, ...]] = {
+    "vllm": ("--max-num-seqs", "--max_num_seqs"),
+    "simulator": ("--max-num-seqs",),
+    "sglang": ("--max-running-requests", "--max_running_requests"),
+    "trtllm": ("--max_batch_size", "--max-batch-size"),
+}
+SIMULATOR_MAX_NUM_SEQS = 256  # fleetpilot-sim worker's --max-num-seqs default
+
 
 class Condition(ApiModel):
     """A Kubernetes-style condition (metav1.Condition)."""

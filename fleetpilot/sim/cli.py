@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> None:
     worker.add_argument("--model-preset", default="llama-3.1-8b", help="performance-model preset")
     worker.add_argument("--gpu", default="h200-sxm", help="performance-model GPU")
     worker.add_argument("--speedup", type=float, default=1.0, help="simulated seconds per wall-clock second")
-    worker.add_argument("--max-num-seqs", type=int, default=256)
+    worker.add_argument("--max-num-seqs", type=int, default=scheduler_mod.SchedulerConfig.max_num_seqs)
     worker.add_argument("--max-num-batched-tokens", type=int, default=8192)
     worker.add_argument("--block-size", type=int, default=16)
     worker.add_argument("--kv-capacity-tokens", type=int, default=None,

@@ -44,6 +44,9 @@ class Setting:
     startup_s: float
     bounds: Mapping[FleetPool, tuple[int, int]]  # (min, max) per pool
     gpus_per_replica: int = 1  # every GPU one replica holds: all the pods of a multinode group
+    # The decode engine's running-batch cap as the graph's engine flags state it (vLLM's --max-num-seqs):
+    # what a user's graph says and fleetpilot's planner reads (`DynamoGraphSpec.decode_batch_cap`).
+    decode_batch_cap: int | None = None
 
     def clamp(self, replicas: Mapping[FleetPool, int]) -> Replicas:
         return {pool: min(max(replicas.get(pool, lo), lo), hi) for pool, (lo, hi) in self.bounds.items()}
@@ -423,7 +426,7 @@ class Fleetpilot(Base):
                     for pool, (lo, hi) in setting.bounds.items()},
             gpus_per_replica=dict.fromkeys(FLEET_POOLS, setting.gpus_per_replica),
             startup_s=setting.startup_s, hold_s=hold_s if hold_s is not None else 5 * setting.interval_s,
-            risk=risk, length_mix=length_mix,
+            risk=risk, length_mix=length_mix, decode_batch_cap=setting.decode_batch_cap,
         )
         if not reactive:
             self.config = dataclasses.replace(self.config, reactive_period_s=None)

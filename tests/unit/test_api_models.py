@@ -355,3 +355,46 @@ def test_name_length_limit_leaves_room_for_the_longest_child_name() -> None:
     """The longest graph name plus the longest component suffix is exactly a 63-char DNS label."""
     longest_suffix = max(len(f"-{c}") for c in api.ALL_COMPONENTS)
     assert api.MAX_GRAPH_NAME_LENGTH + longest_suffix == 63
+
+
+# -- DynamoGraphSpec.decode_batch_cap() ----------------------------------------------------------------
+
+
+def _spec_with(framework: str, engine_args: list[str], decode_args: list[str] | None = None,
+               ) -> api.DynamoGraphSpec:
+    components: dict[str, Any] = {"prefill": {}, "decode": {"args": decode_args or []}}
+    if decode_args is None:
+        components = {"aggregated": {}}
+    return api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": framework, "image": "img", "args": engine_args},
+        "components": components})
+
+
+@pytest.mark.parametrize(("framework", "engine_args", "decode_args", "cap"), [
+    ("vllm", ["--max-num-seqs", "128"], [], 128),
+    ("vllm", ["--max-num-seqs=128"], ["--max-num-seqs", "64"], 64),  # the component's flag comes last
+    ("vllm", ["--max_num_seqs", "96", "--enforce-eager"], [], 96),
+    ("vllm", [], [], None),  # vLLM's default depends on its version and GPU: not guessed
+    ("vllm", ["--max-num-seqs"], [], None),  # no value: nothing stated
+    ("sglang", ["--max-running-requests", "48"], [], 48),
+    ("trtllm", ["--max_batch_size=32"], [], 32),
+    ("trtllm", ["--max-num-seqs", "32"], [], None),  # another engine's flag
+    ("simulator", [], [], 256),  # the simulator's own default
+    ("simulator", ["--max-num-seqs", "8"], [], 8),
+    ("vllm", ["--max-num-seqs", "128"], None, None),  # aggregated: no decode pool
+])
+def test_the_decode_batch_cap_is_read_from_the_engine_flags(framework: str, engine_args: list[str],
+                                                            decode_args: list[str] | None, cap: int | None) -> None:
+    assert _spec_with(framework, engine_args, decode_args).decode_batch_cap() == cap
+
+
+def test_the_simulators_default_batch_cap_is_the_one_the_api_assumes() -> None:
+    import argparse
+
+    from fleetpilot.sim import cli as sim_cli
+    from fleetpilot.sim import scheduler
+
+    parser = argparse.ArgumentParser()
+    sim_cli.add_parser(parser.add_subparsers())
+    parsed = parser.parse_args(["sim", "worker", "--model", "m"])
+    assert parsed.max_num_seqs == scheduler.SchedulerConfig().max_num_seqs == api.SIMULATOR_MAX_NUM_SEQS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -98,6 +99,64 @@ def test_the_decode_running_cap_is_learned_from_requests_waiting_for_a_slot() ->
     assert core.learn_max_running(256, seen_decode(600, 0), decode_replicas=2) == 300
     assert core.learn_max_running(256, seen_decode(100, 0), decode_replicas=2) == 256
     assert core.learn_max_running(256, core.Observation(time=0.0), decode_replicas=2) == 256
+
+
+def test_the_engine_flags_batch_cap_binds_from_the_first_interval(model: capacity.CapacityModel) -> None:
+    """A graph whose decode engines run at most 64 sequences (--max-num-seqs 64) is sized for 64 per
+    replica before any interval has shown it, as a fleet that showed it would be; a lower cap the
+    fleet shows (a smaller KV cache) wins over the flag, and is what the planner remembers."""
+    def with_cap(cap: int | None) -> core.GraphPlanConfig:
+        return dataclasses.replace(config(), decode_batch_cap=cap)
+
+    observation = core.Observation(time=0.0, rate_rps=30.0, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02, prefill_s=0.2)
+    unstated, _ = core.plan_interval(with_cap(None), observation, core.GraphMemory(), current=ONE_EACH,
+                                     capacity=model, now=0.0)
+    stated, memory = core.plan_interval(with_cap(64), observation, core.GraphMemory(), current=ONE_EACH,
+                                        capacity=model, now=0.0)
+    shown, _ = core.plan_interval(with_cap(None), observation, core.GraphMemory(decode_max_running=64.0),
+                                  current=ONE_EACH, capacity=model, now=0.0)
+    assert math.isnan(unstated.corrections.decode_max_running)
+    assert stated.corrections.decode_max_running == 64.0 and memory.decode_max_running is None  # stated, not learned
+    assert stated.replicas == shown.replicas and stated.replicas["decode"] > unstated.replicas["decode"]
+    lower, _ = core.plan_interval(with_cap(64), observation, core.GraphMemory(decode_max_running=32.0),
+                                  current=ONE_EACH, capacity=model, now=0.0)
+    assert lower.corrections.decode_max_running == 32.0
+
+
+def test_traffic_that_stops_dead_is_an_outage_held_through_and_a_quiet_graphs_empty_interval_is_not(
+        model: capacity.CapacityModel) -> None:
+    """600 req/s for an hour, then nothing for two: Poisson arrivals at that level are never silent for
+    a minute, so each silent interval holds the fleet (as for missing metrics) and leaves the rate
+    history alone; when the load returns, the plan is the one made before the silence. The interval in
+    which it returns measures part outage, part load (5 req/s of the 600 that came back): it scales
+    nothing down. At 0.05 req/s (3 expected a minute) a minute without a request is ordinary, and
+    planned."""
+    def run(rate: float, silent: int, *back: float) -> list[core.Plan]:
+        memory, current, plans = core.GraphMemory(), dict(ONE_EACH), []
+        for k, r in enumerate([rate] * 60 + [0.0] * silent + list(back or [rate])):
+            plan, memory = core.plan_interval(config(max_replicas=64), seen(r), memory, current=current,
+                                              capacity=model, now=60.0 * k)
+            plans.append(plan)
+            current = dict(plan.replicas)
+        return plans
+
+    busy = run(600.0, 120)
+    before, during, after = busy[59], busy[60:180], busy[180]
+    assert all(not p.data_ok and p.replicas == before.replicas for p in during)
+    assert "outage" in during[0].reason and "36,000" in during[0].reason
+    assert after.data_ok and after.replicas == before.replicas and before.replicas["decode"] > 1
+    partial = run(600.0, 120, 5.0, 5.0)
+    assert partial[180].data_ok and partial[180].replicas == before.replicas and "resumed" in partial[180].reason
+    assert "resumed" not in partial[181].reason  # measured whole: planned as such (the hold then applies)
+    quiet = run(0.05, 1)
+    assert quiet[60].data_ok and quiet[60].predicted is not None
+
+
+def test_lengths_outlive_idle_intervals() -> None:
+    """The mean of the last intervals that had traffic, however many idle ones came after."""
+    assert core.recent_mean((2000.0, 1000.0, *([0.0] * 50))) == 1500.0
+    assert core.recent_mean((5.0, *([1.0] * 6), 0.0)) == 1.0
+    assert core.recent_mean((0.0, 0.0)) == 0.0
 
 
 def test_a_few_requests_in_the_hand_off_are_not_an_engine_cap() -> None:
@@ -225,7 +284,8 @@ def test_a_surprise_in_the_first_intervals_does_not_size_the_fleet_for_many_time
     import numpy as np
 
     rng = np.random.default_rng(7)
-    rates = [4.0, 0.0, 0.0, 36.0, *(float(rng.uniform(20, 40)) if rng.random() < 0.4 else float(rng.uniform(0, 4))
+    # (quiet, not silent: two minutes without a request after 4 req/s would be an outage, held)
+    rates = [4.0, 0.05, 0.05, 36.0, *(float(rng.uniform(20, 40)) if rng.random() < 0.4 else float(rng.uniform(0, 4))
                                     for _ in range(36))]
 
     def worst_overshoot() -> float:
