@@ -235,9 +235,9 @@ class GraphMemory:
     isl_histograms: tuple[lengths.Histogram | None, ...] = ()
     osl_histograms: tuple[lengths.Histogram | None, ...] = ()
     drift: tuple[drifts.Sample, ...] = ()  # the last intervals' TTFT and ITL against the profile
-    # The last interval was held through a silence (`implausible_silence`): the next one with traffic
-    # holds part of the outage too, so its mean understates the load that came back.
-    after_silence: bool = False
+    # When the silence the last intervals were held through began (`implausible_silence`; None: none):
+    # the next interval with traffic holds part of the outage too, so its mean understates the load.
+    silent_since: float | None = None
 
     def coverage(self) -> dict[str, dict[float, float]]:
         """Per load, per tracked quantile, the recent share of outcomes the calibrated quantile covered."""
@@ -356,23 +356,32 @@ def recent_mean(series: tuple[float, ...], k: int = 6) -> float:
 
 
 def implausible_silence(rate_rps: float, rates: tuple[float, ...], interval_s: float) -> float | None:
-    """The arrivals the last busy intervals make one interval expect, where this interval had none and
-    Poisson arrivals at that level would be silent less than once in a million intervals (pure); None
-    where silence is ordinary (no traffic before, or so little that an empty interval happens).
+    """The arrivals the quietest remembered interval makes one interval expect, where this interval had
+    none and Poisson arrivals at even that level would be silent less than once in a million intervals
+    (pure); None where silence is ordinary for this graph (no history, or one that has been this quiet).
 
     Traffic that stops dead (ServeGen m-mid: 2,100 req/s, then two hours of nothing, then 2,100 again)
     is an outage upstream or a gap in the data, not a trough: a fleet scaled down through it meets the
-    returning load with a tenth of what it needs. Such an interval is planned as missing data (hold).
-    A real decline to zero passes through quiet intervals first, so the level it is judged against is
-    small and so is the fleet held; a graph that may scale to zero still does (`zero`)."""
-    if rate_rps > 0:
+    returning load with a quarter of what it needs. Judged against the quietest interval, not the mean:
+    on/off traffic (Azure code, a few requests a minute) has silent minutes, so its history has
+    intervals near zero and its silences are planned as ever; so does a decline to zero, which passes
+    through quiet intervals first. Nor is a short history evidence: it takes `_SILENCE_HISTORY`
+    intervals without a quiet one (Azure code's first minute is busy, its second and third silent).
+    """
+    if rate_rps > 0 or len(rates) < _SILENCE_HISTORY:
         return None
-    expected = recent_mean(rates) * interval_s
+    expected = min(rates) * interval_s
     return expected if expected > _SILENCE_EXPECTED else None
 
 
 # Expected arrivals above which an empty interval is an outage: P(no Poisson arrival) = e^-13.8 = 1e-6.
 _SILENCE_EXPECTED = -math.log(1e-6)
+# Intervals of history before a silence is judged: traffic silent one interval in five (on/off) shows a
+# quiet one within 30 but for one time in a thousand.
+_SILENCE_HISTORY = 30
+# How long a silence is held as an outage: then it is the graph's traffic (a graph nobody calls any more
+# gives its replicas back; one that may scale to zero sleeps after spec.planner.idleSeconds anyway).
+OUTAGE_HOLD_S = 6 * 3600.0
 
 
 def recent_mix(histograms: tuple[lengths.Histogram | None, ...], mean: float, k: int = MIX_INTERVALS) -> lengths.LengthMix | None:
@@ -582,12 +591,13 @@ def plan_interval(
     """
     observation = plausible(observation)
     silence = None
-    if observation.complete and observation.rate_rps is not None:
+    held_for = now - memory.silent_since if memory.silent_since is not None else 0.0
+    if observation.complete and observation.rate_rps is not None and held_for < OUTAGE_HOLD_S:
         silence = implausible_silence(observation.rate_rps, memory.rates, config.interval_s)
     if silence is not None:
         observation = dataclasses.replace(observation, error=(
-            f"no request this interval where the last busy intervals expect {silence:,.0f}: an outage or a gap in"
-            " the metrics, not a trough; holding"))
+            f"no request this interval where the quietest one remembered expects {silence:,.0f}: an outage or a"
+            f" gap in the metrics, not a trough; holding (for {OUTAGE_HOLD_S / 3600:g} h at most)"))
     if not observation.complete:
         why = observation.error or "incomplete metrics"
         decision = sizing.constrain(
@@ -599,8 +609,8 @@ def plan_interval(
         verdict = drifts.judge(memory.drift, threshold=config.drift_threshold) if silence is not None else None
         plan = Plan(replicas=decision.replicas, reasons=decision.reasons, data_ok=False, observed=observation,
                     binding=decision.binding, drift=verdict)
-        return plan, dataclasses.replace(memory, scale_down=decision.state,
-                                         after_silence=silence is not None or memory.after_silence)
+        since = now if silence is not None and memory.silent_since is None else memory.silent_since
+        return plan, dataclasses.replace(memory, scale_down=decision.state, silent_since=since)
 
     rate = float(observation.rate_rps or 0.0)
     memory = realise(memory, rate=rate, isl=observation.isl or 0.0, osl=observation.osl or 0.0, risk=config.risk)
@@ -661,7 +671,7 @@ def plan_interval(
     size = sizing.size if config.disaggregated else sizing.size_aggregated
     most = {pool: bound.max_replicas for pool, bound in config.bounds.items()}
     desired = size(load, capacity, config.sla, corrections, most=most)
-    if memory.after_silence:
+    if memory.silent_since is not None and rate > 0:
         # Traffic came back during the interval: what it measured is part outage, part load, so it
         # may add replicas but not take any away (ServeGen m-mid: 14 req/s measured as 2,100 resumed,
         # and a cut to half the fleet met them).
@@ -696,7 +706,7 @@ def plan_interval(
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast,
-                                     forecast_state=forecast.state, after_silence=False)
+                                     forecast_state=forecast.state, silent_since=None)
 
 
 def react(

@@ -125,31 +125,35 @@ def test_the_engine_flags_batch_cap_binds_from_the_first_interval(model: capacit
 
 def test_traffic_that_stops_dead_is_an_outage_held_through_and_a_quiet_graphs_empty_interval_is_not(
         model: capacity.CapacityModel) -> None:
-    """600 req/s for an hour, then nothing for two: Poisson arrivals at that level are never silent for
-    a minute, so each silent interval holds the fleet (as for missing metrics) and leaves the rate
-    history alone; when the load returns, the plan is the one made before the silence. The interval in
-    which it returns measures part outage, part load (5 req/s of the 600 that came back): it scales
-    nothing down. At 0.05 req/s (3 expected a minute) a minute without a request is ordinary, and
-    planned."""
-    def run(rate: float, silent: int, *back: float) -> list[core.Plan]:
+    """600 req/s for an hour, then nothing for two: Poisson arrivals at the quietest level remembered are
+    never silent for a minute, so each silent interval holds the fleet (as for missing metrics) and leaves
+    the rate history alone; when the load returns, the plan is the one made before the silence. The
+    interval in which it returns measures part outage, part load (5 req/s of the 600 that came back): it
+    scales nothing down. A graph that has been this quiet before (3 requests a minute expected at its
+    quietest), or whose silence outlasts OUTAGE_HOLD_S, is planned as ever."""
+    def run(rates: list[float]) -> list[core.Plan]:
         memory, current, plans = core.GraphMemory(), dict(ONE_EACH), []
-        for k, r in enumerate([rate] * 60 + [0.0] * silent + list(back or [rate])):
+        for k, r in enumerate(rates):
             plan, memory = core.plan_interval(config(max_replicas=64), seen(r), memory, current=current,
                                               capacity=model, now=60.0 * k)
             plans.append(plan)
             current = dict(plan.replicas)
         return plans
 
-    busy = run(600.0, 120)
+    busy = run([600.0] * 60 + [0.0] * 120 + [600.0])
     before, during, after = busy[59], busy[60:180], busy[180]
     assert all(not p.data_ok and p.replicas == before.replicas for p in during)
     assert "outage" in during[0].reason and "36,000" in during[0].reason
     assert after.data_ok and after.replicas == before.replicas and before.replicas["decode"] > 1
-    partial = run(600.0, 120, 5.0, 5.0)
+    partial = run([600.0] * 60 + [0.0] * 120 + [5.0, 5.0])
     assert partial[180].data_ok and partial[180].replicas == before.replicas and "resumed" in partial[180].reason
     assert "resumed" not in partial[181].reason  # measured whole: planned as such (the hold then applies)
-    quiet = run(0.05, 1)
-    assert quiet[60].data_ok and quiet[60].predicted is not None
+    assert run([0.05] * 60 + [0.0])[60].data_ok
+    assert run([600.0] * 30 + [0.2] + [600.0] * 29 + [0.0])[60].data_ok  # it has been near silent before
+    assert run([600.0] * 29 + [0.0])[29].data_ok  # too little history to call it an outage
+    held = int(core.OUTAGE_HOLD_S // 60)
+    long = run([600.0] * 60 + [0.0] * (held + 2))
+    assert not long[60 + held - 1].data_ok and long[60 + held].data_ok and long[60 + held + 1].data_ok
 
 
 def test_lengths_outlive_idle_intervals() -> None:
