@@ -136,9 +136,14 @@ def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: Operato
     everything = uids([p for pods in {**groups(kubectl, namespace, "mn", "decode"),
                                       **groups(kubectl, namespace, "mn", "prefill")}.values() for p in pods])
     assert kept <= everything, "a pod outside the broken group was replaced"
-    events = kubectl.items("events", namespace)
-    assert any(e["reason"] == "GroupRestarted" and f"mn-decode-{generation}-1" in e["message"] for e in events), \
-        [(e["reason"], e.get("message", "")[:200]) for e in events if e.get("type") == "Warning" or "Group" in e["reason"]]
+    # The Event is posted after the restart it reports, so it may land after the new pods run.
+    def restarted_event() -> bool:
+        return any(e["reason"] == "GroupRestarted" and f"mn-decode-{generation}-1" in e["message"]
+                   for e in kubectl.items("events", namespace))
+
+    wait_for(restarted_event, timeout=30, what=lambda: "a GroupRestarted Event; Warning and group Events: " + repr(
+        [(e["reason"], e.get("message", "")[:200]) for e in kubectl.items("events", namespace)
+         if e.get("type") == "Warning" or "Group" in e["reason"]]))
 
     # Scale down: the highest-index group goes, whole; the others stay as they are.
     decode = groups(kubectl, namespace, "mn", "decode")
