@@ -127,7 +127,7 @@ def run(series: Series, name: str) -> Coverage:
         forecast = predictor.forecast(history, steps=series.horizon, step_seconds=series.interval_s)
         seconds.append(time.perf_counter() - began)
         fallbacks += forecast.fallback is not None
-        lengths = (max(core.recent_mean(series.isls[:t + 1]), 1.0), max(core.recent_mean(series.osls[:t + 1]), 1.0))
+        lengths = (max(core.recent_length(series.isls[:t + 1]), 1.0), max(core.recent_length(series.osls[:t + 1]), 1.0))
         pending = core.PendingForecast(forecast.mean, tuple(forecast.spread(i) for i in range(len(forecast.mean))),
                                        *lengths, scored=len(history) >= core.SCORED_FROM_INTERVALS)
         memory = dataclasses.replace(memory, pending=(*memory.pending, pending)[-series.horizon:])

@@ -42,7 +42,7 @@ _SATURATED = 0.9
 _TOO_IDLE = 0.05
 # The loads the planner forecasts and calibrates: what each is in requests, tokens in or tokens out.
 LOADS = ("requests", "input_tokens", "output_tokens")
-# The length mix sized for pools this many intervals' histograms (as `recent_mean` averages the means).
+# The length mix sized for pools this many intervals' histograms (as `recent_length` averages the means).
 MIX_INTERVALS = 6
 DEFAULT_RISK = 0.9
 # A forecast is scored for calibration only once it was made from this many intervals. Scores are errors
@@ -343,9 +343,15 @@ def _append(series: tuple[float, ...], value: float) -> tuple[float, ...]:
 
 
 def recent_mean(series: tuple[float, ...], k: int = 6) -> float:
-    """The mean of the last `k` intervals that had any, however long ago (lengths of an idle interval
-    are unknown, not 0: after six idle intervals the last traffic's lengths still stand, where the last
-    six entries would have said ISL 1, OSL 1 and sized decode at one replica for 600 req/s)."""
+    """The mean of the last `k` intervals, leaving out those that had none (the rate's recent level)."""
+    tail = [v for v in series[-k:] if v > 0]
+    return sum(tail) / len(tail) if tail else 0.0
+
+
+def recent_length(series: tuple[float, ...], k: int = 6) -> float:
+    """The mean length of the last `k` intervals that had traffic, however long ago: an idle interval's
+    lengths are unknown, not 0 (after six idle intervals the last six entries said ISL 1, OSL 1, and
+    decode was sized at one replica for 600 req/s)."""
     tail: list[float] = []
     for value in reversed(series):
         if value > 0:
@@ -632,7 +638,7 @@ def plan_interval(
     forecaster = predictor if predictor is not None else predict.make_predictor(config.predictor)
     forecast = forecaster.forecast(
         memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s, start=memory.forecast_state)
-    isl, osl = max(recent_mean(memory.isls), 1.0), max(recent_mean(memory.osls), 1.0)
+    isl, osl = max(recent_length(memory.isls), 1.0), max(recent_length(memory.osls), 1.0)
     interval_burst = 1.0
     if observation.burst_rate_rps is not None and rate > 0:
         interval_burst = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
@@ -727,8 +733,8 @@ def react(
     if not config.disaggregated:
         return reactive.Reaction(dict(floor), ["aggregated graph: no fast path"], False)
     bounds = {pool: (bound.min_replicas, bound.max_replicas) for pool, bound in config.bounds.items()}
-    isl = isl if isl else recent_mean(memory.isls)
-    osl = osl if osl else recent_mean(memory.osls)
+    isl = isl if isl else recent_length(memory.isls)
+    osl = osl if osl else recent_length(memory.osls)
     ttft_s, itl_s = config.sla.ttft_ms / 1e3, config.sla.itl_ms / 1e3
     if isl > 0 and osl > 0:
         ttft_s, itl_s = sizing.attainable_targets(capacity, isl=isl, osl=osl, ttft_s=ttft_s, itl_s=itl_s)

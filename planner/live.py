@@ -668,7 +668,7 @@ class LivePlanner:
         FAST_PATH_READS.labels(source).inc()
         memory = self.memory.get((namespace, name), core.GraphMemory())
         current, ready = await self._replicas(graph)
-        isl = core.recent_mean(memory.isls)
+        isl = core.recent_length(memory.isls)
         gauges = reactive.Gauges(
             prefill_queued_tokens=engines.prefill_waiting * isl, decode_running=engines.decode_running,
             decode_waiting=engines.decode_waiting, ready=ready, active=current)

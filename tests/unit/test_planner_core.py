@@ -158,9 +158,9 @@ def test_traffic_that_stops_dead_is_an_outage_held_through_and_a_quiet_graphs_em
 
 def test_lengths_outlive_idle_intervals() -> None:
     """The mean of the last intervals that had traffic, however many idle ones came after."""
-    assert core.recent_mean((2000.0, 1000.0, *([0.0] * 50))) == 1500.0
-    assert core.recent_mean((5.0, *([1.0] * 6), 0.0)) == 1.0
-    assert core.recent_mean((0.0, 0.0)) == 0.0
+    assert core.recent_length((2000.0, 1000.0, *([0.0] * 50))) == 1500.0
+    assert core.recent_length((5.0, *([1.0] * 6), 0.0)) == 1.0
+    assert core.recent_length((0.0, 0.0)) == 0.0
 
 
 def test_a_few_requests_in_the_hand_off_are_not_an_engine_cap() -> None:
