@@ -264,6 +264,7 @@ class Plan:
     # not known this interval (holding without data: the SLA was not sized).
     warnings: tuple[tuple[str, str], ...] | None = None
     drift: drifts.Verdict | None = None  # how far the fleet is from its profile (None: holding, not judged)
+    outage: bool = False  # held through a silence the traffic's history makes implausible (`implausible_silence`)
 
     @property
     def reason(self) -> str:
@@ -614,7 +615,7 @@ def plan_interval(
         # A silence measured the fleet fine: the last judgement of its drift stands (missing metrics: none).
         verdict = drifts.judge(memory.drift, threshold=config.drift_threshold) if silence is not None else None
         plan = Plan(replicas=decision.replicas, reasons=decision.reasons, data_ok=False, observed=observation,
-                    binding=decision.binding, drift=verdict)
+                    binding=decision.binding, drift=verdict, outage=silence is not None)
         since = now if silence is not None and memory.silent_since is None else memory.silent_since
         return plan, dataclasses.replace(memory, scale_down=decision.state, silent_since=since)
 

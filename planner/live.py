@@ -580,7 +580,10 @@ class LivePlanner:
         if scaling and changed:
             await self._event(body, "Scaled", ", ".join(f"{p} {current[p]}→{n}" for p, n in changed.items())
                               + f": {plan.reason}")
-        if not plan.data_ok:
+        if plan.outage:  # planned: the hold is the decision, not an error (plan.observed says why)
+            await self._report(body, plan=plan, active=False, reason="TrafficStopped",
+                               message=f"holding replicas: {plan.observed.error}")
+        elif not plan.data_ok:
             ERRORS.labels("no-data").inc()
             await self._report(body, plan=plan, active=False, reason="NoMetrics",
                                message=f"holding replicas: {observation.error or 'incomplete metrics'}")

@@ -325,6 +325,40 @@ class Fixed:
         return observe.History((), (), ())
 
 
+def test_traffic_that_stops_dead_is_reported_as_such_held_and_not_counted_as_an_error() -> None:
+    """After 30 busy intervals an empty one is an outage upstream: PlannerActive=False TrafficStopped
+    with the planner's reason, a Warning, replicas held, and no planner error counted."""
+    from fleetpilot.api import v1alpha1 as api
+    from fleetpilot.planner import core
+
+    kube = StatusRecorder()
+    busy = core.Observation(time=0.0, rate_rps=50.0, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02)
+    observer = Fixed(busy)
+    planner = live.LivePlanner(kube, observer)  # type: ignore[arg-type]
+    body: dict[str, Any] = {
+        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+        "metadata": {"name": "g", "namespace": "ns", "generation": 1},
+        "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                 "components": {"prefill": {"scaling": {"min": 1, "max": 16}},
+                                "decode": {"scaling": {"min": 1, "max": 16}}},
+                 "planner": {"mode": "advisory", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant"}},
+        "status": {}}
+    for _ in range(30):
+        last = asyncio.run(planner.plan_graph(body))
+        body["status"] = kube.statuses[-1]
+    errors = live.ERRORS.labels("no-data")._value.get()
+    observer.observation = core.Observation(time=0.0, rate_rps=0.0)
+    held = asyncio.run(planner.plan_graph(body))
+    # advisory: the graph runs one of each whatever was advised, and the hold keeps what it runs
+    assert last is not None and sum(last.replicas.values()) > 2
+    assert held is not None and held.outage and held.replicas == {"prefill": 1, "decode": 1}
+    active = {c["type"]: c for c in kube.statuses[-1]["conditions"]}["PlannerActive"]
+    assert (active["status"], active["reason"]) == ("False", "TrafficStopped")
+    assert "no request this interval" in active["message"] and "outage" in active["message"]
+    assert kube.warnings == ["TrafficStopped"]
+    assert live.ERRORS.labels("no-data")._value.get() == errors
+
+
 def test_an_infeasible_sla_is_a_warning_condition_once_and_holding_keeps_it() -> None:
     from fleetpilot.api import v1alpha1 as api
     from fleetpilot.planner import core
