@@ -459,7 +459,9 @@ class DynamoGraphSpec(ApiModel):
                 continue
             text = value if equals else (args[i + 1] if i + 1 < len(args) else "")
             found = int(text) if text.isdigit() and int(text) > 0 else found
-        return found if found is not None else SIMULATOR_MAX_NUM_SEQS if self.engine.framework == "simulator" else None
+        if found is not None:
+            return found
+        return SIMULATOR_MAX_NUM_SEQS if self.engine.framework == "simulator" else None
 
 
 # Each engine's flag for its running-batch cap (vLLM's and the simulator's max_num_seqs, SGLang's
