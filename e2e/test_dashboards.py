@@ -123,6 +123,7 @@ def test_every_panel_and_rule_has_live_data_and_the_burn_alert_fires_only_for_th
         harness: harness_mod.Harness, results: Path) -> None:
     overload(harness, results)
     start, end = harness.started_unix, time.time()
+
     def count(promql: str) -> int:
         return len(harness.query(promql, start=start, end=end))
 

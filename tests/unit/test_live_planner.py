@@ -325,24 +325,30 @@ class Fixed:
         return observe.History((), (), ())
 
 
+def simulator_graph(*, mode: str, itl_ms: int) -> dict[str, Any]:
+    """A disaggregated simulator graph g/ns (1 to 16 replicas a pool) under the planner in `mode`."""
+    from fleetpilot.api import v1alpha1 as api
+
+    return {
+        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
+        "metadata": {"name": "g", "namespace": "ns", "generation": 1},
+        "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
+                 "components": {"prefill": {"scaling": {"min": 1, "max": 16}},
+                                "decode": {"scaling": {"min": 1, "max": 16}}},
+                 "planner": {"mode": mode, "sla": {"ttftMs": 500, "itlMs": itl_ms}, "predictor": "constant"}},
+        "status": {}}
+
+
 def test_traffic_that_stops_dead_is_reported_as_such_held_and_not_counted_as_an_error() -> None:
     """After 30 busy intervals an empty one is an outage upstream: PlannerActive=False TrafficStopped
     with the planner's reason, a Warning, replicas held, and no planner error counted."""
-    from fleetpilot.api import v1alpha1 as api
     from fleetpilot.planner import core
 
     kube = StatusRecorder()
     busy = core.Observation(time=0.0, rate_rps=50.0, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02)
     observer = Fixed(busy)
     planner = live.LivePlanner(kube, observer)  # type: ignore[arg-type]
-    body: dict[str, Any] = {
-        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
-        "metadata": {"name": "g", "namespace": "ns", "generation": 1},
-        "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
-                 "components": {"prefill": {"scaling": {"min": 1, "max": 16}},
-                                "decode": {"scaling": {"min": 1, "max": 16}}},
-                 "planner": {"mode": "advisory", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant"}},
-        "status": {}}
+    body = simulator_graph(mode="advisory", itl_ms=50)
     for _ in range(30):
         last = asyncio.run(planner.plan_graph(body))
         body["status"] = kube.statuses[-1]
@@ -360,20 +366,12 @@ def test_traffic_that_stops_dead_is_reported_as_such_held_and_not_counted_as_an_
 
 
 def test_an_infeasible_sla_is_a_warning_condition_once_and_holding_keeps_it() -> None:
-    from fleetpilot.api import v1alpha1 as api
     from fleetpilot.planner import core
 
     kube = StatusRecorder()
     observer = Fixed(core.Observation(time=0.0, rate_rps=5.0, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02))
     planner = live.LivePlanner(kube, observer)  # type: ignore[arg-type]
-    body: dict[str, Any] = {
-        "apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
-        "metadata": {"name": "g", "namespace": "ns", "generation": 1},
-        "spec": {"model": {"name": "m"}, "engine": {"framework": "simulator"},
-                 "components": {"prefill": {"scaling": {"min": 1, "max": 16}},
-                                "decode": {"scaling": {"min": 1, "max": 16}}},
-                 "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 1}, "predictor": "constant"}},
-        "status": {}}
+    body = simulator_graph(mode="sla", itl_ms=1)
     plan = asyncio.run(planner.plan_graph(body))
     assert plan is not None and plan.replicas["decode"] < 16
     conditions = {c["type"]: c for c in kube.statuses[-1]["conditions"]}
