@@ -555,6 +555,30 @@ def test_a_lone_request_meets_exactly_its_lone_ttft() -> None:
         assert sim.outcomes().ttft[0] == pytest.approx(sim.lone_ttft(isl), rel=1e-9), isl
 
 
+def test_the_fluid_oracle_sizes_for_every_step_of_an_interval_with_its_backlog_carried() -> None:
+    """At 921 req/s one step alone is met by 34 prefill replicas at utilisation 1, but the backlog that
+    step leaves grows over the interval's next steps: the oracle's need is what holds in every step
+    of the run (35), so the oracle never plans a fleet that fails its own share."""
+    rng = np.random.default_rng(0)
+    lengths = {"isl_sample": list(rng.integers(1000, 3000, 200)), "osl_sample": list(rng.integers(50, 200, 200))}
+    counts = np.full(10, 921.0 * 60)
+    bounds: dict[fleetsim.FleetPool, tuple[int, int]] = {"prefill": (1, 200), "decode": (1, 200)}
+    sizing = fluid.FluidFleet(CONFIG, counts, step_s=60.0, initial={"prefill": 0, "decode": 0}, **lengths)
+    need = fluid.fluid_needs(sizing, interval_s=600.0, sla=SLA, attainment=0.9, bounds=bounds)[0]
+
+    def shares(prefill: int) -> list[float]:
+        fleet = fluid.FluidFleet(CONFIG, counts, step_s=60.0, initial={"prefill": prefill, "decode": need["decode"]},
+                                 **lengths)
+        fleet.run_until(600.0)
+        servable = fleet.servable(SLA)
+        return [float((servable & (step.ttft <= 0.5) & (step.itl <= 0.05)).mean() / servable.mean())
+                for step in fleet.steps]
+
+    assert min(shares(need["prefill"])) >= 0.9
+    one_fewer = shares(need["prefill"] - 1)
+    assert one_fewer[0] >= 0.9 > one_fewer[-1]  # the first step alone would have called it enough
+
+
 def test_the_oracle_does_not_buy_the_bound_for_a_request_no_fleet_can_serve() -> None:
     # One request fits no decode replica's KV cache: no fleet serves every request of its interval,
     # so sizing that interval for all of them must settle for what any fleet serves, not the bound.
