@@ -555,6 +555,25 @@ def test_a_lone_request_meets_exactly_its_lone_ttft() -> None:
         assert sim.outcomes().ttft[0] == pytest.approx(sim.lone_ttft(isl), rel=1e-9), isl
 
 
+def test_the_fluid_queue_gauge_shows_the_queue_a_live_reading_finds_below_utilisation_one() -> None:
+    """Below utilisation 1 no backlog piles up, yet prompts queue (Erlang C) and a fast loop reading the
+    queue every few seconds finds them: the gauge is the step's 90th-percentile wait, as queued tokens,
+    and it grows towards saturation."""
+    def gauges(rate: float) -> tuple[float, float, float]:
+        fleet = fluid.FluidFleet(CONFIG, np.full(2, rate * 60.0), step_s=60.0, isl_sample=[2048] * 50,
+                                 osl_sample=[64] * 50, initial={"prefill": 2, "decode": 4})
+        fleet.run_until(60.0)
+        stats = fleet.window(0.0, 60.0, percentile=90, gauges_only=True)
+        step = fleet.steps[0]
+        return stats.prefill_queued_tokens, step.prefill_backlog_s, step.busy
+
+    light = gauges(10.0)
+    heavy = gauges(10.0 * 0.95 / light[2])  # utilisation is linear in the rate
+    assert heavy[1] == 0.0 and 0.9 < heavy[2] < 1.0  # no fluid backlog...
+    assert heavy[0] > 2048  # ...but more than a prompt's worth of tokens queued
+    assert heavy[0] > 10 * light[0]
+
+
 def test_the_fluid_oracle_sizes_for_every_step_of_an_interval_with_its_backlog_carried() -> None:
     """At 921 req/s one step alone is met by 34 prefill replicas at utilisation 1, but the backlog that
     step leaves grows over the interval's next steps: the oracle's need is what holds in every step
