@@ -101,6 +101,74 @@ def test_no_lengths_no_reaction() -> None:
     assert math.isinf(reactive.prefill_wait_s(gauges(), MODEL, isl=ISL, replicas=0))
 
 
+def test_arrivals_beyond_what_the_pools_serve_add_to_every_pool_at_once() -> None:
+    """A step in arrivals: the queues show prefill short only, but the arrivals ask both pools for more."""
+    quiet = gauges(running=8)
+    both = reactive.react(quiet, MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S, itl_target_s=ITL_S,
+                          floor={"prefill": 2, "decode": 2}, bounds=BOUNDS, demand={"prefill": 5, "decode": 6})
+    assert both.changed and dict(both.replicas) == {"prefill": 3, "decode": 3}  # bounded: +50% of 2
+    assert "arrivals" in " ".join(both.reasons)
+    wide = reactive.react(gauges(running=8, ready=(8, 8)), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S,
+                          itl_target_s=ITL_S, floor={"prefill": 8, "decode": 8}, bounds=BOUNDS,
+                          demand={"prefill": 10, "decode": 20})
+    assert dict(wide.replicas) == {"prefill": 10, "decode": 12}  # all it asks; at most half again of 8
+    # What the pools already have (active, starting included) is enough: nothing.
+    assert not reactive.react(gauges(running=8, starting=(2, 0)), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S,
+                              itl_target_s=ITL_S, floor={"prefill": 2, "decode": 2}, bounds=BOUNDS,
+                              demand={"prefill": 4, "decode": 2}).changed
+
+
+def test_the_arrival_rate_floor_takes_three_standard_deviations_off_the_count() -> None:
+    assert reactive.arrival_rate_floor(3600, 60.0) == pytest.approx((3600 - 3 * 60) / 60)
+    assert reactive.arrival_rate_floor(4, 60.0) == 0.0  # four requests say nothing about the rate
+    assert reactive.arrival_rate_floor(0, 60.0) == reactive.arrival_rate_floor(100, 0.0) == 0.0
+
+
+def test_arrivals_are_counted_over_the_last_minute_of_counter_readings() -> None:
+    readings: reactive.Readings = ()
+    counted = []
+    for t in range(0, 100, 10):  # a reading every 10 s, 5 requests/s
+        readings, arrivals = reactive.count_arrivals(readings, float(t), 5.0 * t)
+        counted.append(arrivals)
+    assert counted[:3] == [None, None, None]  # under half a minute read
+    assert counted[3] == (150.0, 30.0)
+    assert counted[6:] == [(300.0, 60.0)] * 4  # since the reading a minute before
+    assert readings[0][0] == 30.0  # nothing older kept than the base
+    # A frontend restarted: its counter went back, the count starts over.
+    readings, arrivals = reactive.count_arrivals(readings, 100.0, 20.0)
+    assert arrivals is None and readings == ((100.0, 20.0),)
+    # Readings far apart (the frontends did not answer for minutes) start over too.
+    _, arrivals = reactive.count_arrivals(((0.0, 0.0), (10.0, 50.0)), 500.0, 2000.0)
+    assert arrivals is None
+
+
+def test_the_fast_path_sizes_the_arrivals_it_counts_as_the_last_plan_sized_its_forecast() -> None:
+    """The last plan sized 20 req/s; a minute of 20 req/s (noise and all) changes nothing, a minute of
+    60 req/s asks both pools for what 60 req/s needs, in one bounded step, before any queue shows it."""
+    spec = api.DynamoGraphSpec.model_validate({
+        "model": {"name": "m"}, "engine": {"framework": "simulator"},
+        "components": {"prefill": {"scaling": {"max": 32}}, "decode": {"scaling": {"max": 32}}},
+        "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}}})
+    config = core.config_from_spec(spec)
+    load = sizing.Load(rate_rps=20.0, isl=ISL, osl=512)
+    planned = sizing.size(load, MODEL, config.sla, sizing.Corrections()).replicas
+    tripled = sizing.size(dataclasses.replace(load, rate_rps=60.0 - 3 * math.sqrt(3600) / 60), MODEL, config.sla,
+                          sizing.Corrections()).replicas
+    assert all(tripled[pool] > planned[pool] for pool in planned)
+    memory = core.GraphMemory(isls=(float(ISL),), osls=(512.0,), sized_for=(load, sizing.Corrections()))
+    floor = dict(planned)
+    idle = gauges(ready=(planned["prefill"], planned["decode"]))
+    for noisy in (1200 + 3 * math.sqrt(1200), 1200.0):
+        assert not core.react(config, idle, memory, floor=floor, capacity=MODEL, arrivals=(noisy, 60.0)).changed
+    step = core.react(config, idle, memory, floor=floor, capacity=MODEL, arrivals=(3600.0, 60.0))
+    assert step.changed
+    for pool in planned:
+        assert step.replicas[pool] == min(tripled[pool], planned[pool] + max(1, math.ceil(planned[pool] / 2)))
+    # No plan yet: nothing to size the arrivals by, the queues alone decide.
+    assert not core.react(config, idle, core.GraphMemory(isls=(float(ISL),), osls=(512.0,)), floor=floor,
+                          capacity=MODEL, arrivals=(3600.0, 60.0)).changed
+
+
 # -- in the backtest -------------------------------------------------------------------------------------
 
 SLA = api.SlaTarget(ttft_ms=500, itl_ms=50, percentile=90)
