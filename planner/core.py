@@ -238,9 +238,6 @@ class GraphMemory:
     # When the silence the last intervals were held through began (`implausible_silence`; None: none):
     # the next interval with traffic holds part of the outage too, so its mean understates the load.
     silent_since: float | None = None
-    # What the last plan sized for (its load, lengths and burst) and with which corrections: the fast
-    # path sizes the arrivals it measures the same way (`react`'s `arrivals`).
-    sized_for: tuple[sizing.Load, sizing.Corrections] | None = None
 
     def coverage(self) -> dict[str, dict[float, float]]:
         """Per load, per tracked quantile, the recent share of outcomes the calibrated quantile covered."""
@@ -716,8 +713,7 @@ def plan_interval(
     )
     next_forecast = forecast.mean[0] if forecast.mean else None
     return plan, dataclasses.replace(memory, scale_down=decision.state, forecast_for_now=next_forecast,
-                                     forecast_state=forecast.state, silent_since=None,
-                                     sized_for=(load, corrections))
+                                     forecast_state=forecast.state, silent_since=None)
 
 
 def react(
@@ -729,14 +725,11 @@ def react(
     capacity: capacities.CapacityModel,
     isl: float | None = None,
     osl: float | None = None,
-    arrivals: tuple[float, float] | None = None,
 ) -> reactive.Reaction:
     """The fast path between two intervals (pure): `reactive.react` with the graph's targets and bounds.
 
-    `floor` is the last interval's decision; lengths default to the recent intervals' means;
-    `arrivals` is (requests, seconds) counted over the last `reactive.ARRIVALS_WINDOW_S`, sized as the
-    last plan sized its forecast (None, or no plan yet: sized from the queues alone). An aggregated
-    graph has no prefill/decode split to blame: the fast path leaves it alone.
+    `floor` is the last interval's decision; lengths default to the recent intervals' means. An
+    aggregated graph has no prefill/decode split to blame: the fast path leaves it alone.
     """
     if not config.disaggregated:
         return reactive.Reaction(dict(floor), ["aggregated graph: no fast path"], False)
@@ -746,15 +739,8 @@ def react(
     ttft_s, itl_s = config.sla.ttft_ms / 1e3, config.sla.itl_ms / 1e3
     if isl > 0 and osl > 0:
         ttft_s, itl_s = sizing.attainable_targets(capacity, isl=isl, osl=osl, ttft_s=ttft_s, itl_s=itl_s)
-    demand = None
-    if arrivals is not None and memory.sized_for is not None:
-        load, corrections = memory.sized_for
-        rate = reactive.arrival_rate_floor(*arrivals)
-        now = dataclasses.replace(load, rate_rps=rate, decode_rate_rps=rate)
-        most = {pool: high for pool, (_, high) in bounds.items()}
-        demand = dict(sizing.size(now, capacity, config.sla, corrections, most=most).replicas)
     reaction = reactive.react(gauges, capacity, isl=isl, osl=osl, ttft_target_s=ttft_s, itl_target_s=itl_s,
-                              floor=floor, bounds=bounds, demand=demand)
+                              floor=floor, bounds=bounds)
     if config.gpu_budget is None or not reaction.changed:
         return reaction
     # Within the GPU budget the last interval was granted: take back the newest additions first.

@@ -30,22 +30,11 @@ def phases(exposition: str) -> dict[str, float] | None:
     return scrape.sum_by_label([exposition], contract.PHASE_METRIC, "phase") or None
 
 
-def requests_started(exposition: str) -> float | None:
-    """One frontend's count of requests received (summed over models), or None without the counter."""
-    total: float | None = None
-    for family in text_string_to_metric_families(exposition):
-        if family.name == contract.STARTED_METRIC:
-            total = sum(s.value for s in family.samples if s.name == f"{contract.STARTED_METRIC}_total")
-    return total
-
-
 def gauges_from_expositions(expositions: Iterable[str]) -> EngineGauges | None:
     """The fast path's gauges summed over a graph's frontends: requests in the prefill hop, prefilled ones
-    waiting for their first token (a decode slot, the KV transfer), streaming ones, and requests received
-    so far (None unless every frontend exports the counter). None when there is no frontend or one of
-    them does not export the phases (an older frontend)."""
+    waiting for their first token (a decode slot, the KV transfer), streaming ones. None when there is no
+    frontend or one of them does not export the phases (an older frontend)."""
     total: dict[str, float] = {}
-    started: float | None = 0.0
     seen = 0
     for text in expositions:
         counts = phases(text)
@@ -54,12 +43,10 @@ def gauges_from_expositions(expositions: Iterable[str]) -> EngineGauges | None:
         seen += 1
         for phase, value in counts.items():
             total[phase] = total.get(phase, 0.0) + value
-        count = requests_started(text)
-        started = None if started is None or count is None else started + count
     if not seen:
         return None
     return EngineGauges(prefill_waiting=total.get("prefill", 0.0), decode_running=total.get("decoding", 0.0),
-                        decode_waiting=total.get("first_token", 0.0), requests_started=started)
+                        decode_waiting=total.get("first_token", 0.0))
 
 
 def demand_from_expositions(expositions: Iterable[str]) -> zero.Demand | None:

@@ -243,7 +243,6 @@ class LivePlanner:
         # (the floor it never goes below), and when it next looks at the engines' queues.
         self.fast: dict[tuple[str, str], FastPathState] = {}
         self.next_react: dict[tuple[str, str], float] = {}
-        self.arrival_readings: dict[tuple[str, str], reactive.Readings] = {}  # the frontends' request counter
         # Scale to zero: whether each graph that may sleep was idle at its last reading (planner/zero.py).
         self.asleep: dict[tuple[str, str], bool] = {}
         self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
@@ -396,7 +395,6 @@ class LivePlanner:
             self.memory.pop(key, None)
             self.fast.pop(key, None)
             self.next_react.pop(key, None)
-            self.arrival_readings.pop(key, None)
             self.asleep.pop(key, None)
         names = {f"{namespace}/{name}" for namespace, name in keep}
         for budget in self.ledger.budgets:
@@ -683,11 +681,7 @@ class LivePlanner:
             # The others may have grown into what this graph's last plan left unused: only what is free now.
             config = dataclasses.replace(config, gpu_budget=min(config.gpu_budget,
                                                                 self._room(budget, (namespace, name), config, current)))
-        arrivals = None
-        if engines.requests_started is not None:
-            self.arrival_readings[(namespace, name)], arrivals = reactive.count_arrivals(
-                self.arrival_readings.get((namespace, name), ()), time.monotonic(), engines.requests_started)
-        reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity, arrivals=arrivals)
+        reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity)
         if not reaction.changed or not self.may_act():
             return reaction
         added = {pool: n for pool, n in reaction.replicas.items() if n > current.get(pool, 0)}

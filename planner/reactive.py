@@ -14,14 +14,6 @@ decode slot) and blames the pool that is actually short:
 A decode backlog inflates TTFT without a single prompt queued, so it never adds prefill: the blame
 the interval's latency percentiles cannot make (both phases land in one TTFT) comes from the gauges.
 
-Queues show a shortage of the pool in front only: while prefill is short, decode sees the prompts
-prefill lets through, not the load, and its own shortage shows when prefill catches up — a startup
-later (ServeGen m-large: a 1.5× step took prefill 1 → 16 at once and decode 1 → 2 four minutes
-after). So the loop also sizes both pools for the **arrivals it measures now** (`demand`: the last
-plan's sizing at the lower `ARRIVALS_Z`-σ Poisson bound of the last minute's arrival rate) and
-adds what that asks beyond the replicas active: a step the forecast did not see is answered for
-every pool at once, and noise in a minute's count is not.
-
 Bounds: it only adds (scale-down stays with the predictive loop, which holds before it removes), never
 more than half the pool's active replicas in one step, never past the pool's max, and it counts
 replicas still starting as if they served, so one shortage is answered once, not every tick while
@@ -41,12 +33,6 @@ from fleetpilot.planner.sizing import Pool
 # One step adds at most this share of a pool's active replicas (and at least one): a 4-replica pool
 # grows to 6, a 100-replica pool to 150. Proportional, so no fleet size is special.
 MAX_STEP_SHARE = 0.5
-# The arrival rate the fast path sizes for is counted over the last minute: long enough that a burst
-# of a second does not read as load (prefill's sizing already allows for bursts), short enough to
-# see a step within a minute. The rate taken is the count's lower bound at this many standard
-# deviations (Poisson): a minute that merely fluctuates adds nothing (at z = 3 one in 700 does).
-ARRIVALS_WINDOW_S = 60.0
-ARRIVALS_Z = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,34 +80,6 @@ def decode_wait_s(gauges: Gauges, capacity: capacities.CapacityModel, *, isl: fl
     return (gauges.decode_waiting / replicas) * osl * itl / (2.0 * running)
 
 
-def arrival_rate_floor(arrivals: float, seconds: float, *, z: float = ARRIVALS_Z) -> float:
-    """The lowest rate a Poisson count of `arrivals` in `seconds` is consistent with at `z` standard
-    deviations: the load the fast path may size for without reading noise as a step."""
-    if seconds <= 0 or arrivals <= 0:
-        return 0.0
-    return max(0.0, arrivals - z * math.sqrt(arrivals)) / seconds
-
-
-Readings = tuple[tuple[float, float], ...]  # (time, requests received so far), oldest first
-
-
-def count_arrivals(readings: Readings, now: float, total: float, *,
-                   window_s: float = ARRIVALS_WINDOW_S) -> tuple[Readings, tuple[float, float] | None]:
-    """Add a reading of the frontends' received-requests counter (`total` at `now`) and count the
-    arrivals since the last reading at least `window_s` old: the readings to keep, and (requests,
-    seconds), or None until half a window has been read. A counter that went back (a frontend
-    restarted or left) and readings more than two windows apart start over."""
-    if readings and (total < readings[-1][1] or now - readings[-1][0] > 2 * window_s):
-        readings = ()
-    readings = (*readings, (now, total))
-    base = max((i for i, (at, _) in enumerate(readings) if at <= now - window_s), default=0)
-    readings = readings[base:]
-    since, before = readings[0]
-    if now - since < window_s / 2:
-        return readings, None
-    return readings, (total - before, now - since)
-
-
 def _step(active: int, needed: int, high: int) -> int:
     """Replicas to run after one bounded step from `active` towards `needed`."""
     most = active + max(1, math.ceil(active * MAX_STEP_SHARE))
@@ -144,13 +102,11 @@ def react(
     itl_target_s: float,
     floor: Mapping[Pool, int],
     bounds: Mapping[Pool, tuple[int, int]],
-    demand: Mapping[Pool, int] | None = None,
 ) -> Reaction:
     """One tick of the fast path for a disaggregated graph (see the module docstring).
 
-    `floor` is what the predictive loop last decided; `bounds` each pool's (min, max); `demand` what
-    the arrivals measured now need per pool (None: not measured). The result is at least the floor
-    and at least what is active, within the max.
+    `floor` is what the predictive loop last decided; `bounds` each pool's (min, max). The result is
+    at least the floor and at least what is active, within the max.
     """
     replicas = baseline(gauges, floor=floor, bounds=bounds)
     reasons: list[str] = []
@@ -193,11 +149,4 @@ def react(
                    f"(target {itl_target_s * 1e3:.1f} ms)")
             reasons.append(f"decode: {why}: {counted} → {new}")
             replicas["decode"], changed = new, True
-
-    for pool, needed in (demand or {}).items():
-        counted = replicas[pool]
-        new = _step(counted, needed, bounds[pool][1]) if needed > counted else counted
-        if new > counted:
-            reasons.append(f"{pool}: the arrivals measured now need {needed} replicas: {counted} → {new}")
-            replicas[pool], changed = new, True
     return Reaction(replicas, reasons or ["no pool short"], changed)

@@ -103,9 +103,6 @@ WORKER_ROLES = ("prefill", "decode", "aggregated")
 #: frontends directly, or through Prometheus): in the prefill hop, prefilled and waiting for the first
 #: token (a decode slot, the KV transfer), streaming.
 PHASE_METRIC = "fleetpilot_frontend_requests_in_phase"
-#: The frontend's counter of requests received (the offered load): the fast path counts the arrivals of
-#: the last minute off it, read from the frontends directly.
-STARTED_METRIC = "fleetpilot_frontend_requests_started"
 PHASES = ("prefill", "first_token", "decoding")
 
 

@@ -437,7 +437,6 @@ class Fleetpilot(Base):
         self._floor: dict[sizing.Pool, int] = dict(self._initial.items())
         self.last_plan: core.Plan | None = None
         self.reactions = 0  # fast-path steps that added replicas
-        self._ticks: list[tuple[float, float, int]] = []  # the fast loop's last windows: (start, end, arrivals)
 
     def initial(self) -> Replicas:
         return dict(self._initial)
@@ -466,21 +465,13 @@ class Fleetpilot(Base):
             decode_waiting=stats.decode_waiting, ready=dict(stats.ready.items()), active=dict(stats.active.items()),
         )
         reaction = core.react(self.config, gauges, self.memory, floor=self._floor, capacity=self.setting.capacity,
-                              isl=stats.isl_mean, osl=stats.osl_mean, arrivals=self._arrivals(stats))
+                              isl=stats.isl_mean, osl=stats.osl_mean)
         if not reaction.changed:
             return None
         self.reactions += 1
         decision: Replicas = {pool: reaction.replicas[pool] for pool in FLEET_POOLS}
         self._current = dict(decision.items())
         return decision
-
-    def _arrivals(self, stats: WindowStats) -> tuple[float, float]:
-        """(requests, seconds) over the fast loop's windows of the last `reactive.ARRIVALS_WINDOW_S`, this
-        one included, as the live planner counts them off the frontends' request counter."""
-        if not self._ticks or self._ticks[-1][:2] != (stats.start, stats.end):  # a coarse step's ticks share one
-            self._ticks.append((stats.start, stats.end, stats.arrivals))
-        self._ticks = [tick for tick in self._ticks if tick[1] > stats.end - reactive.ARRIVALS_WINDOW_S + 1e-9]
-        return float(sum(n for _, _, n in self._ticks)), stats.end - self._ticks[0][0]
 
     def forecast(self) -> float | None:
         plan = self.last_plan

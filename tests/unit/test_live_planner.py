@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 from typing import Any
 
-import pytest
-
 from fleetpilot.frontend import metrics as frontend_metrics
 from fleetpilot.planner import budget, live, observe
 
@@ -124,41 +122,6 @@ def test_the_live_fast_path_adds_decode_for_a_decode_backlog_and_leaves_prefill(
     assert kube.events and kube.events[0].startswith("FastPath: decode 2→3")
 
 
-def test_the_live_fast_path_counts_arrivals_off_the_frontends_counter_and_sizes_both_pools(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The last plan sized 20 req/s; the frontends' counter then says 60 req/s for a minute, with no
-    queue yet: both pools grow at once (the arrivals are counted between two readings a minute apart)."""
-    import dataclasses
-
-    from fleetpilot.planner import sizing
-    from fleetpilot.planner.observe import EngineGauges
-
-    clock = [1000.0]
-    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
-    planner, kube, body = fast_path_planner(EngineGauges(0, 0, 0, requests_started=0.0),
-                                            floor={"prefill": 1, "decode": 1}, replicas={"prefill": 1, "decode": 1})
-    state = body.pop("state")
-    load = sizing.Load(rate_rps=20.0, isl=2000.0, osl=200.0)
-    planned = sizing.size(load, state.capacity, state.config.sla, sizing.Corrections()).replicas
-    stepped = sizing.size(dataclasses.replace(load, rate_rps=57.0), state.capacity, state.config.sla,
-                          sizing.Corrections()).replicas
-    assert all(stepped[pool] > planned[pool] for pool in planned), (planned, stepped)
-    state = dataclasses.replace(state, floor=dict(planned))
-    for pool, n in planned.items():
-        planner.components.upsert({"kind": "DynamoGraphComponent", "metadata": {
-            "name": f"g-{pool}", "namespace": "ns", "resourceVersion": "2"},
-            "spec": {"replicas": n}, "status": {"readyReplicas": n}})
-    planner.memory[("ns", "g")] = dataclasses.replace(planner.memory[("ns", "g")],
-                                                      sized_for=(load, sizing.Corrections()))
-    first = asyncio.run(planner.react_graph(body, state))
-    assert first is not None and not first.changed and not kube.patches  # one reading counts nothing
-    clock[0] += 60.0
-    planner.observer = Queues(EngineGauges(0, 0, 0, requests_started=3600.0))  # type: ignore[assignment]
-    reaction = asyncio.run(planner.react_graph(body, state))
-    assert reaction is not None and reaction.changed
-    assert {name for name, _ in kube.patches} == {"g-prefill", "g-decode"}
-
-
 def test_the_live_fast_path_does_nothing_without_queues_and_never_scales_down() -> None:
     from fleetpilot.planner.observe import EngineGauges
 
@@ -185,8 +148,8 @@ def test_the_fast_path_reads_the_frontends_phases_and_falls_back_to_the_engines_
     assert 'phase="decoding"' in found["decode_running"]
 
 
-def frontend_exposition(*, started: int = 0, **in_phase: float) -> str:
-    """What a real frontend's /metrics says with that many requests in each phase, `started` received."""
+def frontend_exposition(**in_phase: float) -> str:
+    """What a real frontend's /metrics says with that many requests in each phase."""
     import prometheus_client
 
     from fleetpilot.frontend.metrics import FrontendMetrics
@@ -194,8 +157,6 @@ def frontend_exposition(*, started: int = 0, **in_phase: float) -> str:
     metrics = FrontendMetrics()
     for phase, count in in_phase.items():
         metrics.in_phase.labels("m", phase).set(count)
-    if started:
-        metrics.started.labels("m").inc(started)
     return prometheus_client.generate_latest(metrics.registry).decode()
 
 
@@ -209,17 +170,9 @@ def frontend_pod(name: str, ip: str, *, graph: str = "g", ready: bool = True) ->
 def test_the_frontends_phases_sum_over_frontends_and_need_every_one() -> None:
     from fleetpilot.planner import frontends
 
-    two = [frontend_exposition(prefill=3, first_token=5, decoding=40, started=70),
-           frontend_exposition(first_token=1, decoding=2, started=5)]
+    two = [frontend_exposition(prefill=3, first_token=5, decoding=40), frontend_exposition(first_token=1, decoding=2)]
     gauges = frontends.gauges_from_expositions(two)
     assert gauges is not None and (gauges.prefill_waiting, gauges.decode_waiting, gauges.decode_running) == (3, 6, 42)
-    assert gauges.requests_started == 75  # the counter's _total, not its _created timestamp
-    # A frontend with no requests yet has received none; one without the counter (older) leaves it unknown.
-    fresh = frontends.gauges_from_expositions([two[0], frontend_exposition(decoding=1)])
-    assert fresh is not None and fresh.requests_started == 70
-    older = "\n".join(line for line in two[1].splitlines() if "requests_started" not in line)
-    unknown = frontends.gauges_from_expositions([two[0], older])
-    assert unknown is not None and unknown.decode_running == 42 and unknown.requests_started is None
     assert frontends.gauges_from_expositions([two[0], "# an engine's metrics, no phases\nup 1\n"]) is None
     assert frontends.gauges_from_expositions([]) is None
 
