@@ -97,7 +97,13 @@ class FluidFleet:
         self.sub_arrivals = given if given.ndim == 2 else given[:, None]
         self.arrivals = self.sub_arrivals.sum(axis=1)
         rng = np.random.default_rng(seed)
-        pick = rng.choice(len(isl_sample), size=min(_SAMPLE, len(isl_sample)), replace=False)
+        # The requests at evenly spaced quantiles of prompt length, not a random draw: prompt cost is
+        # convex in length and long-tailed, and a random 2,000 of Mooncake ×4's 48,124 requests put
+        # the mean lone prefill 12% above the trace's (0.45 s against 0.40 s), which moved the
+        # prefill pool's saturation from 17 to 15 req/s on seven replicas.
+        by_length = np.argsort(np.asarray(isl_sample, dtype=float), kind="stable")
+        size = min(_SAMPLE, len(isl_sample))
+        pick = by_length[((np.arange(size) + 0.5) * len(isl_sample) / size).astype(int)]
         self.isl = np.asarray(isl_sample, dtype=float)[pick]
         self.osl = np.asarray(osl_sample, dtype=float)[pick]
         self.isl_mean, self.osl_mean = float(self.isl.mean()), float(self.osl.mean())
