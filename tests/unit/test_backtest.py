@@ -570,6 +570,26 @@ def test_the_fluid_length_sample_keeps_a_long_tail_s_quantiles() -> None:
     assert np.mean(fleet.isl.astype(float) ** 2) == pytest.approx(np.mean(prompts.astype(float) ** 2), rel=0.1)
 
 
+def test_the_fluid_follows_a_decode_batch_through_a_burst_of_a_second() -> None:
+    """One decode replica: 300 requests within half a second fill its 256 slots (the
+    rest wait for a slot, into TTFT), where the same 300 spread over the 10-s step never wait; and a
+    burst the slots hold is admitted at once, however fast it came."""
+    config = dataclasses.replace(CONFIG, max_num_seqs=256)
+    lengths = {"isl_sample": [512] * 200, "osl_sample": [64, 128, 256, 512] * 50}
+
+    def first_tokens(shape: list[float]) -> np.ndarray:
+        fleet = fluid.FluidFleet(config, np.asarray([shape]), step_s=10.0, initial={"prefill": 8, "decode": 1},
+                                 **lengths)
+        fleet.run_until(10.0)
+        return fleet.steps[0].ttft
+
+    burst = first_tokens([300.0] + [0.0] * 19)
+    spread = first_tokens([15.0] * 20)
+    held = first_tokens([200.0] + [0.0] * 19)
+    assert np.percentile(burst, 90) > 0.5 > np.percentile(spread, 90)
+    assert np.percentile(held, 90) == pytest.approx(np.percentile(spread, 90), abs=0.2)
+
+
 def test_the_fluid_queue_gauge_shows_the_queue_a_live_reading_finds_below_utilisation_one() -> None:
     """Below utilisation 1 no backlog piles up, yet prompts queue (Erlang C) and a fast loop reading the
     queue every few seconds finds them: the gauge is the step's 90th-percentile wait, as queued tokens,
