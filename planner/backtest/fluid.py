@@ -61,6 +61,13 @@ _READY_AT = operator.attrgetter("ready_at")
 _SAMPLE = 2000  # requests in the length sample; every percentile is read off it
 _OSL_GROUPS = 8  # output-length groups the decode batch is followed in (with sub-steps)
 
+# A fast loop ticking every 5 s reads the prompt queue a dozen times in a 60-s step; below
+# utilisation 1 no backlog piles up, but the queue comes and goes (Erlang C), and the largest of a
+# dozen readings is near its 90th percentile. The fluid's queue gauge is that quantile of the step's
+# prompt waits: a mean (or the fluid backlog alone, 0 below utilisation 1) hid the queue a live loop
+# sees — ServeGen m-large sat 10 minutes at p90 TTFT 0.6–0.95 s on one prefill replica unanswered.
+QUEUE_SEEN = 0.9
+
 
 @dataclasses.dataclass
 class _Replica:
@@ -136,7 +143,8 @@ class FluidFleet:
         self.decode_cap = max(1.0, min(float(config.max_num_seqs), kv_limit))
         # Output lengths in equal-count groups, shortest first: a burst's short outputs leave the batch
         # in a few steps and its long ones stay, which one mean lifetime for all would blur.
-        self._osl_groups = np.array([group.mean() for group in np.array_split(np.sort(self.osl), min(_OSL_GROUPS, len(self.osl)))])
+        groups = np.array_split(np.sort(self.osl), min(_OSL_GROUPS, len(self.osl)))
+        self._osl_groups = np.array([group.mean() for group in groups])
         self.context = context
         self.replicas: dict[FleetPool, list[_Replica]] = {pool: [] for pool in FLEET_POOLS}
         # The replicas not stopped (nor draining), by ready time: every one starts after the same
@@ -339,9 +347,10 @@ class FluidFleet:
         shape = np.asarray(within, dtype=float) if within is not None else np.array([rate_rps * step])
         wait, backlog, rho, prefilled = self._prefill_wait(shape, prefill, prefill_backlog, step / len(shape))
         if len(shape) > 1:  # decode sees requests as prefill finishes them: a burst reaches it spread out
-            return self._tracked_decode(prefilled, self._placement(shape)[0], step / len(shape), decode,
-                                        decode_backlog, decode_running, prefill_wait=wait, prefill_backlog=backlog, rho=rho,
-                                        queue_s=float(np.quantile(wait, QUEUE_SEEN)) if prefill > 0 else math.inf)
+            return self._tracked_decode(
+                prefilled, self._placement(shape)[0], step / len(shape), decode, decode_backlog, decode_running,
+                prefill_wait=wait, prefill_backlog=backlog, rho=rho,
+                queue_s=float(np.quantile(wait, QUEUE_SEEN)) if prefill > 0 else math.inf)
         # Decode: Little's law fixed point, capped at the batch / KV limit.
         per_replica = rate_rps / decode if decode > 0 else math.inf
         concurrency, overloaded = self._concurrency(per_replica)
@@ -366,8 +375,8 @@ class FluidFleet:
         )
 
     def _tracked_decode(self, inflow: np.ndarray, sub: np.ndarray, sub_s: float, decode: int, backlog: float,
-                        running: float, *,
-                        prefill_wait: np.ndarray, prefill_backlog: float, rho: float, queue_s: float) -> StepLatency:
+                        running: float, *, prefill_wait: np.ndarray, prefill_backlog: float, rho: float,
+                        queue_s: float) -> StepLatency:
         """Decode followed sub-step by sub-step, for a step whose arrivals come per sub-step.
 
         A steady state per step (Little's law at the step's mean rate) smooths away what short outputs
@@ -402,10 +411,10 @@ class FluidFleet:
         ttft = self._lone_prefill + prefill_wait + self._transfer + slot_wait[sub] + itl_mean[sub]
         end = running / decode if decode > 0 else 0.0
         return StepLatency(
-            ttft=ttft, itl=itl, busy=min(1.0, rho), kv_usage=min(1.0, end * self.context / self.config.kv_capacity_tokens),
+            ttft=ttft, itl=itl, busy=min(1.0, rho),
+            kv_usage=min(1.0, end * self.context / self.config.kv_capacity_tokens),
             prefill_backlog_s=prefill_backlog, decode_backlog_requests=backlog, decode_concurrency=end,
-            prefill_queue_s=queue_s,
-            prefill=self._lone_prefill + prefill_wait, decode_sequences=running,
+            prefill_queue_s=queue_s, prefill=self._lone_prefill + prefill_wait, decode_sequences=running,
         )
 
     def _placement(self, shape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -501,14 +510,6 @@ def _weighted_percentile(samples: Sequence[np.ndarray], weights: np.ndarray, per
     return float(values[order[min(position, len(values) - 1)]])
 
 
-# A fast loop ticking every 5 s reads the prompt queue a dozen times in a 60-s step; below
-# utilisation 1 no backlog piles up, but the queue comes and goes (Erlang C), and the largest of a
-# dozen readings is near its 90th percentile. The fluid's queue gauge is that quantile of the step's
-# prompt waits: a mean (or the fluid backlog alone, 0 below utilisation 1) hid the queue a live loop
-# sees — ServeGen m-large sat 10 minutes at p90 TTFT 0.6–0.95 s on one prefill replica unanswered.
-QUEUE_SEEN = 0.9
-
-
 def fluid_needs(fleet: FluidFleet, *, interval_s: float, sla: api.SlaTarget, attainment: float,
                 bounds: Mapping[FleetPool, tuple[int, int]]) -> list[dict[FleetPool, int]]:
     """Per interval, the fewest prefill then decode replicas with which at least `attainment` of the
@@ -534,16 +535,17 @@ def fluid_needs(fleet: FluidFleet, *, interval_s: float, sla: api.SlaTarget, att
         return float(good.mean()) / share >= attainment - 1e-12
 
     def every_step(steps: range, prefill: int, decode: int, *, itl: bool) -> bool:
-        prefill_backlog = decode_backlog = 0.0
+        prefill_backlog = decode_backlog = decoding = 0.0
         for k in steps:
             if fleet.arrivals[k] <= 0 and prefill_backlog <= 0 and decode_backlog <= 0:
                 continue
             latency = fleet.latency(float(fleet.arrivals[k]) / fleet.step_s, prefill, decode,
                                     prefill_backlog=prefill_backlog, decode_backlog=decode_backlog,
-                                    within=fleet.sub_arrivals[k])
+                                    within=fleet.sub_arrivals[k], decode_running=decoding)
             if fleet.arrivals[k] > 0 and not met(latency, itl=itl):
                 return False
             prefill_backlog, decode_backlog = latency.prefill_backlog_s, latency.decode_backlog_requests
+            decoding = latency.decode_sequences
         return True
 
     needs: list[dict[FleetPool, int]] = []
