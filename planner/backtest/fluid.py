@@ -94,6 +94,18 @@ class StepLatency:
     decode_sequences: float = 0.0  # sequences decoding at the end of the step, all replicas (tracked with sub-steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Decoding:
+    """One step's decode, per sub-step (one entry with a count per step)."""
+
+    itl_mean: np.ndarray
+    itl_high: np.ndarray  # one standard deviation of the batch up
+    slot_wait: np.ndarray  # a request arriving in the sub-step waits this long for a decode slot
+    backlog: float  # requests waiting for a slot at the step's end
+    concurrency: float  # sequences per ready replica at the step's end (steady: during it)
+    sequences: float  # sequences decoding at the step's end, all replicas (0 when not followed)
+
+
 class FluidFleet:
     """A `FleetModel` over per-step arrival counts (`arrivals[k]` requests in [k·step_s, (k+1)·step_s))."""
 
@@ -345,48 +357,51 @@ class FluidFleet:
         """
         step = self.step_s if step_s is None else step_s
         shape = np.asarray(within, dtype=float) if within is not None else np.array([rate_rps * step])
-        wait, backlog, rho, prefilled = self._prefill_wait(shape, prefill, prefill_backlog, step / len(shape))
+        sub, into = self._placement(shape)
+        wait, backlog, rho, prefilled = self._prefill_wait(shape, prefill, prefill_backlog, step / len(shape),
+                                                           sub, into)
         if len(shape) > 1:  # decode sees requests as prefill finishes them: a burst reaches it spread out
-            return self._tracked_decode(
-                prefilled, self._placement(shape)[0], step / len(shape), decode, decode_backlog, decode_running,
-                prefill_wait=wait, prefill_backlog=backlog, rho=rho,
-                queue_s=float(np.quantile(wait, QUEUE_SEEN)) if prefill > 0 else math.inf)
-        # Decode: Little's law fixed point, capped at the batch / KV limit.
-        per_replica = rate_rps / decode if decode > 0 else math.inf
-        concurrency, overloaded = self._concurrency(per_replica)
-        if decode_backlog > 0:  # requests are waiting: the replicas run full batches until they catch up
-            concurrency, overloaded = self.decode_cap, True
-        itl_mean = self._itl(concurrency)
-        spread = min(concurrency + math.sqrt(max(concurrency, 0.0)), self.decode_cap)
-        itl_high = self._itl(spread)
+            decoding = self._tracked_decode(prefilled, step / len(shape), decode, decode_backlog, decode_running)
+        else:
+            decoding = self._steady_decode(rate_rps, step, decode, decode_backlog)
+        itl_mean = decoding.itl_mean[sub]
         # Requests' ITLs: the mean batch for most, one standard deviation up for the upper tail.
-        itl = np.where(self._wait_u > 0.5, itl_high, itl_mean) * np.ones_like(self.isl)
-        served = decode * concurrency / (self.osl_mean * itl_mean) if decode > 0 and itl_mean > 0 else 0.0
-        d_backlog = max(0.0, decode_backlog + (rate_rps - served) * step) if overloaded or decode_backlog > 0 \
-            else 0.0
-        d_wait = d_backlog / served if served > 0 else math.inf
-        ttft = self._lone_prefill + wait + self._transfer + d_wait + itl_mean
+        itl = np.where(self._wait_u > 0.5, decoding.itl_high[sub], itl_mean)
+        ttft = self._lone_prefill + wait + self._transfer + decoding.slot_wait[sub] + itl_mean
         return StepLatency(
-            ttft=ttft, itl=itl, busy=min(1.0, rho), kv_usage=min(1.0, concurrency * self.context
-                                                                  / self.config.kv_capacity_tokens),
-            prefill_backlog_s=backlog, decode_backlog_requests=d_backlog, decode_concurrency=concurrency,
+            ttft=ttft, itl=itl, busy=min(1.0, rho),
+            kv_usage=min(1.0, decoding.concurrency * self.context / self.config.kv_capacity_tokens),
+            prefill_backlog_s=backlog, decode_backlog_requests=decoding.backlog,
+            decode_concurrency=decoding.concurrency, decode_sequences=decoding.sequences,
             prefill_queue_s=float(np.quantile(wait, QUEUE_SEEN)) if prefill > 0 else math.inf,
             prefill=self._lone_prefill + wait,
         )
 
-    def _tracked_decode(self, inflow: np.ndarray, sub: np.ndarray, sub_s: float, decode: int, backlog: float,
-                        running: float, *, prefill_wait: np.ndarray, prefill_backlog: float, rho: float,
-                        queue_s: float) -> StepLatency:
+    def _steady_decode(self, rate_rps: float, step: float, decode: int, backlog: float) -> _Decoding:
+        """Decode at a step's mean rate: Little's law fixed point, capped at the batch / KV limit; beyond
+        it the excess waits, and every request of the step waits for what is left at its end."""
+        concurrency, overloaded = self._concurrency(rate_rps / decode if decode > 0 else math.inf)
+        if backlog > 0:  # requests are waiting: the replicas run full batches until they catch up
+            concurrency, overloaded = self.decode_cap, True
+        itl_mean = self._itl(concurrency)
+        itl_high = self._itl(min(concurrency + math.sqrt(max(concurrency, 0.0)), self.decode_cap))
+        served = decode * concurrency / (self.osl_mean * itl_mean) if decode > 0 and itl_mean > 0 else 0.0
+        backlog = max(0.0, backlog + (rate_rps - served) * step) if overloaded or backlog > 0 else 0.0
+        wait = backlog / served if served > 0 else math.inf
+        return _Decoding(np.array([itl_mean]), np.array([itl_high]), np.array([wait]), backlog, concurrency, 0.0)
+
+    def _tracked_decode(self, inflow: np.ndarray, sub_s: float, decode: int, backlog: float,
+                        running: float) -> _Decoding:
         """Decode followed sub-step by sub-step, for a step whose arrivals come per sub-step.
 
         A steady state per step (Little's law at the step's mean rate) smooths away what short outputs
         feel: Azure code ×16's bursts of a second filled one decode replica's batch and TTFT's p90 went
         to 1.2 s in the per-request simulator while the fluid's stayed at 0.2 s. Here the sequences
-        decoding are a state: each sub-step admits what prefill finished (`inflow`: prefill spreads a
-        burst out) and what waited, up to the replicas' slots (batch or KV cap), the rest waits; each
-        sequence finishes after its OSL at the ITL of the batch it runs in. A request (in sub-step
-        `sub` of its arrival) waits for a slot as long as the queue ahead of it takes to drain at the
-        full-batch finishing rate.
+        decoding (`running` at the start) are a state: each sub-step admits what prefill finished
+        (`inflow`: prefill spreads a burst out) and what waited, up to the replicas' slots (batch or KV
+        cap), the rest waits; each sequence finishes after its OSL at the ITL of the batch it runs in.
+        A request arriving in a sub-step waits for a slot as long as the queue then takes to drain at
+        the full-batch finishing rate.
         """
         slots = decode * self.decode_cap
         backlog += max(0.0, running - slots)
@@ -394,7 +409,7 @@ class FluidFleet:
         # What runs at the step's start, spread over the groups as in a steady batch (∝ their lifetimes).
         batch = min(running, slots) * lengths / lengths.sum()
         count = len(inflow)
-        concurrency, itl_mean, itl_high, slot_wait = (np.zeros(count) for _ in range(4))
+        itl_mean, itl_high, slot_wait = (np.zeros(count) for _ in range(3))
         full_rate = slots / (self.osl_mean * self._itl(self.decode_cap)) if decode > 0 else 0.0
         for j in range(count):
             waiting = backlog + inflow[j]
@@ -402,20 +417,12 @@ class FluidFleet:
             backlog = waiting - admitted
             batch = batch + admitted / len(lengths)
             c = float(batch.sum()) / decode if decode > 0 else 0.0
-            concurrency[j], itl_mean[j] = c, self._itl(c)
+            itl_mean[j] = self._itl(c)
             itl_high[j] = self._itl(min(c + math.sqrt(c), self.decode_cap))
             slot_wait[j] = (backlog / full_rate if full_rate > 0 else math.inf) if backlog > 0 else 0.0
             batch = batch * (1.0 - np.minimum(1.0, sub_s / (lengths * itl_mean[j])))
         running = float(batch.sum())
-        itl = np.where(self._wait_u > 0.5, itl_high[sub], itl_mean[sub])
-        ttft = self._lone_prefill + prefill_wait + self._transfer + slot_wait[sub] + itl_mean[sub]
-        end = running / decode if decode > 0 else 0.0
-        return StepLatency(
-            ttft=ttft, itl=itl, busy=min(1.0, rho),
-            kv_usage=min(1.0, end * self.context / self.config.kv_capacity_tokens),
-            prefill_backlog_s=prefill_backlog, decode_backlog_requests=backlog, decode_concurrency=end,
-            prefill_queue_s=queue_s, prefill=self._lone_prefill + prefill_wait, decode_sequences=running,
-        )
+        return _Decoding(itl_mean, itl_high, slot_wait, backlog, running / decode if decode > 0 else 0.0, running)
 
     def _placement(self, shape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which sub-step each sampled request arrives in (in proportion to its arrivals) and how far
@@ -429,11 +436,12 @@ class FluidFleet:
         into = np.clip((self._place_u - before) / np.maximum(shape[sub] / arrived, 1e-12), 0.0, 1.0)
         return sub, into
 
-    def _prefill_wait(self, shape: np.ndarray, prefill: int, backlog_in: float,
-                      sub_s: float) -> tuple[np.ndarray, float, float, np.ndarray]:
+    def _prefill_wait(self, shape: np.ndarray, prefill: int, backlog_in: float, sub_s: float,
+                      sub: np.ndarray, into: np.ndarray) -> tuple[np.ndarray, float, float, np.ndarray]:
         """Each sampled prompt's wait for a prefill replica, the backlog left at the end of the step
         (replica-seconds), the step's utilisation and the requests prefilled per sub-step, from its
-        arrivals per sub-step of `sub_s`.
+        arrivals per sub-step of `sub_s` (each sampled prompt in sub-step `sub`, a share `into` of the
+        way through it: `_placement`).
 
         Between sub-steps the prompt work is a fluid: what arrives beyond the replicas' capacity piles
         up and later sub-steps drain it (Lindley's recursion, vectorised). A prompt arriving a share v
@@ -452,7 +460,6 @@ class FluidFleet:
         excess = work - capacity
         level = backlog_in + np.concatenate(([0.0], np.cumsum(excess)))
         backlog = level - np.minimum(np.minimum.accumulate(level), 0.0)  # at each sub-step boundary
-        sub, into = self._placement(shape)
         ahead = np.maximum(0.0, backlog[sub] + excess[sub] * into)
         rho = np.minimum(work / capacity, 0.99)
         if len(shape) == 1:  # Poisson within the step: the stationary M/G/c wait
