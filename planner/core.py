@@ -364,8 +364,9 @@ def recent_length(series: tuple[float, ...], k: int = 6) -> float:
 
 def implausible_silence(rate_rps: float, rates: tuple[float, ...], interval_s: float) -> float | None:
     """The arrivals the quietest remembered interval makes one interval expect, where this interval had
-    none and Poisson arrivals at even that level would be silent less than once in a million intervals
-    (pure); None where silence is ordinary for this graph (no history, or one that has been this quiet).
+    none, or a trickle under LULL_SHARE of that quietest rate, and Poisson arrivals at even that level
+    would be silent less than once in a million intervals (pure); None where such quiet is ordinary for
+    this graph (no history, or one that has been this quiet).
 
     Traffic that stops dead (ServeGen m-mid: 2,100 req/s, then two hours of nothing, then 2,100 again)
     is an outage upstream or a gap in the data, not a trough: a fleet scaled down through it meets the
@@ -374,15 +375,23 @@ def implausible_silence(rate_rps: float, rates: tuple[float, ...], interval_s: f
     intervals near zero and its silences are planned as ever; so does a decline to zero, which passes
     through quiet intervals first. Nor is a short history evidence: it takes `_SILENCE_HISTORY`
     intervals without a quiet one (Azure code's first minute is busy, its second and third silent).
+
+    An outage upstream seldom silences a graph whole: retries, health checks and a region that still
+    reaches it leave a trickle (m-mid day 9.7: 1–25 req/s for two hours after 1,000–2,400, then 1,728
+    at once). A fall to under a tenth of the quietest interval remembered, within one interval, is the
+    same event: demand that declines passes through its quieter levels first.
     """
-    if rate_rps > 0 or len(rates) < _SILENCE_HISTORY:
+    if len(rates) < _SILENCE_HISTORY:
         return None
-    expected = min(rates) * interval_s
-    return expected if expected > _SILENCE_EXPECTED else None
+    quietest = min(rates)
+    expected = quietest * interval_s
+    return expected if expected > _SILENCE_EXPECTED and rate_rps <= LULL_SHARE * quietest else None
 
 
 # Expected arrivals above which an empty interval is an outage: P(no Poisson arrival) = e^-13.8 = 1e-6.
 _SILENCE_EXPECTED = -math.log(1e-6)
+# A rate at or under this share of the quietest interval remembered is held as an outage, as silence is.
+LULL_SHARE = 0.1
 # Intervals of history before a silence is judged: traffic silent one interval in five (on/off) shows a
 # quiet one within 30 but for one time in a thousand.
 _SILENCE_HISTORY = 30
@@ -602,9 +611,12 @@ def plan_interval(
     if observation.complete and observation.rate_rps is not None and held_for < OUTAGE_HOLD_S:
         silence = implausible_silence(observation.rate_rps, memory.rates, config.interval_s)
     if silence is not None:
+        seen = ("no request this interval where the quietest one remembered expects" if not observation.rate_rps
+                else f"{observation.rate_rps:,.3g} req/s this interval, under a tenth of the quietest one remembered"
+                     ", which expects")
         observation = dataclasses.replace(observation, error=(
-            f"no request this interval where the quietest one remembered expects {silence:,.0f}: an outage or a"
-            f" gap in the metrics, not a trough; holding (for {OUTAGE_HOLD_S / 3600:g} h at most)"))
+            f"{seen} {silence:,.0f}: an outage or a gap in the metrics, not a trough;"
+            f" holding (for {OUTAGE_HOLD_S / 3600:g} h at most)"))
     if not observation.complete:
         why = observation.error or "incomplete metrics"
         decision = sizing.constrain(

@@ -128,8 +128,8 @@ def test_traffic_that_stops_dead_is_an_outage_held_through_and_a_quiet_graphs_em
     """600 req/s for an hour, then nothing for two: Poisson arrivals at the quietest level remembered are
     never silent for a minute, so each silent interval holds the fleet (as for missing metrics) and leaves
     the rate history alone; when the load returns, the plan is the one made before the silence. The
-    interval in which it returns measures part outage, part load (5 req/s of the 600 that came back): it
-    scales nothing down. A graph that has been this quiet before (3 requests a minute expected at its
+    interval in which it returns measures part outage, part load (100 req/s of the 600 that came back):
+    it scales nothing down. A graph that has been this quiet before (3 requests a minute expected at its
     quietest), or whose silence outlasts OUTAGE_HOLD_S, is planned as ever."""
     def run(rates: list[float]) -> list[core.Plan]:
         memory, current, plans = core.GraphMemory(), dict(ONE_EACH), []
@@ -145,15 +145,40 @@ def test_traffic_that_stops_dead_is_an_outage_held_through_and_a_quiet_graphs_em
     assert all(not p.data_ok and p.replicas == before.replicas for p in during)
     assert "outage" in during[0].reason and "36,000" in during[0].reason
     assert after.data_ok and after.replicas == before.replicas and before.replicas["decode"] > 1
-    partial = run([600.0] * 60 + [0.0] * 120 + [5.0, 5.0])
+    partial = run([600.0] * 60 + [0.0] * 120 + [100.0, 100.0])
     assert partial[180].data_ok and partial[180].replicas == before.replicas and "resumed" in partial[180].reason
     assert "resumed" not in partial[181].reason  # measured whole: planned as such (the hold then applies)
     assert run([0.05] * 60 + [0.0])[60].data_ok
-    assert run([600.0] * 30 + [0.2] + [600.0] * 29 + [0.0])[60].data_ok  # it has been near silent before
+    assert run([600.0] * 20 + [0.2] + [600.0] * 39 + [0.0])[60].data_ok  # it has been near silent before
     assert run([600.0] * 29 + [0.0])[29].data_ok  # too little history to call it an outage
     held = int(core.OUTAGE_HOLD_S // 60)
     long = run([600.0] * 60 + [0.0] * (held + 2))
     assert not long[60 + held - 1].data_ok and long[60 + held].data_ok and long[60 + held + 1].data_ok
+
+
+def test_a_trickle_after_traffic_is_an_outage_held_like_silence_and_a_decline_is_not(
+        model: capacity.CapacityModel) -> None:
+    """An outage upstream leaves a trickle (retries, a region that still gets through): 600 req/s for an
+    hour, then 5 req/s for two hours, is held as silence is, and the fleet meets the returning load as
+    it was. A fall to just over a tenth of the quietest interval is traffic; so is a decline that halves
+    the load each interval: it passes through its quieter levels first."""
+    def run(rates: list[float]) -> list[core.Plan]:
+        memory, current, plans = core.GraphMemory(), dict(ONE_EACH), []
+        for k, r in enumerate(rates):
+            plan, memory = core.plan_interval(config(max_replicas=64), seen(r), memory, current=current,
+                                              capacity=model, now=60.0 * k)
+            plans.append(plan)
+            current = dict(plan.replicas)
+        return plans
+
+    trickle = run([600.0] * 60 + [5.0] * 120 + [600.0])
+    before, during, after = trickle[59], trickle[60:180], trickle[180]
+    assert all(p.outage and not p.data_ok and p.replicas == before.replicas for p in during)
+    assert "5 req/s this interval, under a tenth" in during[0].reason and "36,000" in during[0].reason
+    assert after.data_ok and after.replicas == before.replicas and before.replicas["prefill"] > 1
+    assert not run([600.0] * 60 + [61.0])[60].outage  # over a tenth: traffic, planned as ever
+    halving = run([600.0] * 60 + [600.0 / 2 ** k for k in range(1, 12)])
+    assert not any(p.outage for p in halving) and halving[-1].replicas["prefill"] < before.replicas["prefill"]
 
 
 def test_lengths_outlive_idle_intervals() -> None:
