@@ -79,6 +79,9 @@ def racks(kubectl: Kubectl) -> Iterator[dict[str, str]]:
         kubectl.run("label", "node", node, f"{RACK}-")
 
 
+# The waits below are bounds, not expectations: on an idle machine the whole test takes ~45 s, but each
+# step here moves groups of up to four pods through a real scheduler, and on a loaded 2-core machine
+# (the suite's other workers, a backtest beside it) one of the tighter bounds this file had once ran out.
 def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
     """A 2-node prefill group and 4-node decode groups (2 GPUs a pod, so three groups fit the four
     8-GPU nodes) reach Ready; `kubectl scale` adds and removes one whole group; a killed worker
@@ -88,7 +91,7 @@ def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: Operato
         "decode": {"replicas": 2, "nodes": 4, "gpus": 2, "parallelism": {"tensor": 8}, "scaling": {"max": 3}},
     }
     kubectl.apply(multinode_graph("mn", components), namespace)
-    wait_for(lambda: ready(kubectl, namespace, "mn"), timeout=90, what="mn Ready")
+    wait_for(lambda: ready(kubectl, namespace, "mn"), timeout=180, what="mn Ready")
 
     decode = groups(kubectl, namespace, "mn", "decode")
     prefill = groups(kubectl, namespace, "mn", "prefill")
@@ -112,7 +115,7 @@ def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: Operato
     before = uids([p for pods in {**decode, **prefill}.values() for p in pods])
     kubectl.run("scale", "dgc/mn-decode", "--replicas=3", "-n", namespace)
     wait_for(lambda: whole_and_running(groups(kubectl, namespace, "mn", "decode"), 3, 4)
-             and ready(kubectl, namespace, "mn"), timeout=60, what="a third decode group")
+             and ready(kubectl, namespace, "mn"), timeout=120, what="a third decode group")
     decode = groups(kubectl, namespace, "mn", "decode")
     added = uids([p for pods in decode.values() for p in pods]) - before
     assert added == uids(decode[f"mn-decode-{generation}-2"]) and len(added) == 4
@@ -132,7 +135,7 @@ def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: Operato
         return (whole_and_running(now, 3, 4) and not (uids(fresh) & restarted)
                 and ready(kubectl, namespace, "mn"))
 
-    wait_for(group_one_replaced, timeout=60, what="group 1 restarted whole")
+    wait_for(group_one_replaced, timeout=120, what="group 1 restarted whole")
     everything = uids([p for pods in {**groups(kubectl, namespace, "mn", "decode"),
                                       **groups(kubectl, namespace, "mn", "prefill")}.values() for p in pods])
     assert kept <= everything, "a pod outside the broken group was replaced"
@@ -141,7 +144,7 @@ def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: Operato
         return any(e["reason"] == "GroupRestarted" and f"mn-decode-{generation}-1" in e["message"]
                    for e in kubectl.items("events", namespace))
 
-    wait_for(restarted_event, timeout=30, what=lambda: "a GroupRestarted Event; Warning and group Events: " + repr(
+    wait_for(restarted_event, timeout=60, what=lambda: "a GroupRestarted Event; Warning and group Events: " + repr(
         [(e["reason"], e.get("message", "")[:200]) for e in kubectl.items("events", namespace)
          if e.get("type") == "Warning" or "Group" in e["reason"]]))
 
@@ -151,7 +154,7 @@ def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: Operato
     kubectl.run("scale", "dgc/mn-decode", "--replicas=2", "-n", namespace)
     wait_for(lambda: sorted(groups(kubectl, namespace, "mn", "decode")) == sorted(
         f"mn-decode-{generation}-{i}" for i in range(2)) and ready(kubectl, namespace, "mn"),
-        timeout=60, what="group 2 removed")
+        timeout=120, what="group 2 removed")
     decode = groups(kubectl, namespace, "mn", "decode")
     assert uids([p for pods in decode.values() for p in pods]) == staying
 
@@ -167,7 +170,7 @@ def test_groups_form_scale_and_restart_whole(kubectl: Kubectl, operator: Operato
                 and ready(kubectl, namespace, "mn") and whole_and_running(now, 2, 4)
                 and all(g.startswith(f"mn-decode-{rollout['target']}-") for g in now))
 
-    wait_for(rolled_over, timeout=90, what="the rollout to a new generation of groups")
+    wait_for(rolled_over, timeout=180, what="the rollout to a new generation of groups")
     assert not [s for s in kubectl.items("statefulsets", namespace) if generation in s["metadata"]["name"]]
 
 
@@ -187,29 +190,29 @@ def test_a_group_that_cannot_be_placed_whole_is_reported_and_released(
         # Until the leader is bound, its workers cannot be placed at all (their affinity is to it).
         return found if found.get("reason") == "GroupUnschedulable" and "2 of 3" in found["message"] else {}
 
-    message = wait_for(degraded, timeout=60, what="Degraded=GroupUnschedulable")["message"]
+    message = wait_for(degraded, timeout=120, what="Degraded=GroupUnschedulable")["message"]
     assert "aggregated group wide-aggregated-" in message and "2 of 3 pods placed" in message, message
     assert "needs 8 nvidia.com/gpu" in message and f"in the leader's {RACK} domain" in message, message
     assert condition(graph(kubectl, namespace, "wide"), "Ready")["status"] == "False"
 
     # Released: an Event says so, the component remembers when, and no pod of it holds a node.
     wait_for(lambda: any(e["reason"] == "GroupReleased" for e in kubectl.items("events", namespace)),
-             timeout=60, what="a GroupReleased event")
+             timeout=120, what="a GroupReleased event")
     dgc = kubectl.json("get", "dgc", "wide-aggregated", "-n", namespace)
     assert list(dgc["status"]["releasedGroups"]) == [f"{graph(kubectl, namespace, 'wide')['status']['rollout']['target']}"
                                                      .join(["wide-aggregated-", "-0"])]
     workers = "fleetpilot.dev/graph=wide,fleetpilot.dev/component=aggregated"
     wait_for(lambda: not [p for p in kubectl.items("pods", namespace, workers) if p["spec"].get("nodeName")],
-             timeout=30, what="the released group's GPUs free")
+             timeout=60, what="the released group's GPUs free")
     # The new leader waits, gated, before it tries again.
     wait_for(lambda: [g["name"] for p in kubectl.items("pods", namespace, workers)
                       for g in p["spec"].get("schedulingGates", [])] == ["fleetpilot.dev/group-admission"],
-             timeout=30, what="the group's new leader, gated")
+             timeout=60, what="the group's new leader, gated")
 
     # A group that fits a rack: both of its pods land in one rack.
     fits = {"aggregated": {"nodes": 2, "gpus": 4, "parallelism": {"tensor": 8}}}
     kubectl.apply(multinode_graph("narrow", fits, {"topologyKey": RACK}), namespace)
-    wait_for(lambda: ready(kubectl, namespace, "narrow"), timeout=60, what="narrow Ready")
+    wait_for(lambda: ready(kubectl, namespace, "narrow"), timeout=120, what="narrow Ready")
     (pods,) = groups(kubectl, namespace, "narrow", "aggregated").values()
     assert len({racks[p["spec"]["nodeName"]] for p in pods}) == 1, [p["spec"]["nodeName"] for p in pods]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2
