@@ -67,6 +67,11 @@ FORECAST_ERROR = Gauge("fleetpilot_planner_forecast_error_ratio", "|forecast - o
                        ["namespace", "graph"])
 HOLDING = Gauge("fleetpilot_planner_holding", "1 while the planner holds replicas for lack of data.",
                 ["namespace", "graph"])
+TRAFFIC_STOPPED = Gauge(
+    "fleetpilot_planner_traffic_stopped",
+    "1 while the planner holds a graph through an outage upstream: no traffic, or a trickle under a tenth of "
+    "its quietest interval, where its history makes that implausible (PlannerActive=False, TrafficStopped).",
+    ["namespace", "graph"])
 GPUS = Gauge("fleetpilot_planner_gpus", "GPUs the decided replicas use.", ["namespace", "graph"])
 WANTED_GPUS = Gauge("fleetpilot_planner_wanted_gpus", "GPUs the decision would use with no budget.",
                     ["namespace", "graph"])
@@ -721,6 +726,7 @@ class LivePlanner:
 
     def _export(self, namespace: str, name: str, plan: core.Plan, config: core.GraphPlanConfig) -> None:
         HOLDING.labels(namespace, name).set(0 if plan.data_ok else 1)
+        TRAFFIC_STOPPED.labels(namespace, name).set(1 if plan.outage else 0)
         GPUS.labels(namespace, name).set(sum(n * config.gpus_per_replica[p] for p, n in plan.replicas.items()))
         if plan.wanted_gpus is not None:
             WANTED_GPUS.labels(namespace, name).set(plan.wanted_gpus)

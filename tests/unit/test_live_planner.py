@@ -341,7 +341,8 @@ def simulator_graph(*, mode: str, itl_ms: int) -> dict[str, Any]:
 
 def test_traffic_that_stops_dead_is_reported_as_such_held_and_not_counted_as_an_error() -> None:
     """After 30 busy intervals an empty one is an outage upstream: PlannerActive=False TrafficStopped
-    with the planner's reason, a Warning, replicas held, and no planner error counted."""
+    with the planner's reason, a Warning, replicas held, no planner error counted, and the
+    traffic-stopped gauge set while it lasts."""
     from fleetpilot.planner import core
 
     kube = StatusRecorder()
@@ -363,6 +364,11 @@ def test_traffic_that_stops_dead_is_reported_as_such_held_and_not_counted_as_an_
     assert "no request this interval" in active["message"] and "outage" in active["message"]
     assert kube.warnings == ["TrafficStopped"]
     assert live.ERRORS.labels("no-data")._value.get() == errors
+    # Its own gauge, for its own alert (FleetpilotTrafficStopped, not the one for missing metrics).
+    assert live.TRAFFIC_STOPPED.labels("ns", "g")._value.get() == 1
+    observer.observation = busy
+    asyncio.run(planner.plan_graph(body))
+    assert live.TRAFFIC_STOPPED.labels("ns", "g")._value.get() == 0
 
 
 def test_an_infeasible_sla_is_a_warning_condition_once_and_holding_keeps_it() -> None:
