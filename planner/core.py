@@ -612,8 +612,8 @@ def plan_interval(
         silence = implausible_silence(observation.rate_rps, memory.rates, config.interval_s)
     if silence is not None:
         seen = ("no request this interval where the quietest one remembered expects" if not observation.rate_rps
-                else f"{observation.rate_rps:,.3g} req/s this interval, under a tenth of the quietest one remembered"
-                     ", which expects")
+                else f"{observation.rate_rps:,.3g} req/s this interval, under {LULL_SHARE:.0%} of the quietest one"
+                     " remembered, which expects")
         observation = dataclasses.replace(observation, error=(
             f"{seen} {silence:,.0f}: an outage or a gap in the metrics, not a trough;"
             f" holding (for {OUTAGE_HOLD_S / 3600:g} h at most)"))
