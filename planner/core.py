@@ -235,7 +235,7 @@ class GraphMemory:
     isl_histograms: tuple[lengths.Histogram | None, ...] = ()
     osl_histograms: tuple[lengths.Histogram | None, ...] = ()
     drift: tuple[drifts.Sample, ...] = ()  # the last intervals' TTFT and ITL against the profile
-    # When the silence the last intervals were held through began (`implausible_silence`; None: none):
+    # When the silence the last intervals were held through began (`implausible_lull`; None: none):
     # the next interval with traffic holds part of the outage too, so its mean understates the load.
     silent_since: float | None = None
 
@@ -264,7 +264,7 @@ class Plan:
     # not known this interval (holding without data: the SLA was not sized).
     warnings: tuple[tuple[str, str], ...] | None = None
     drift: drifts.Verdict | None = None  # how far the fleet is from its profile (None: holding, not judged)
-    outage: bool = False  # held through a silence the traffic's history makes implausible (`implausible_silence`)
+    outage: bool = False  # held through a silence or trickle its history makes implausible (`implausible_lull`)
 
     @property
     def reason(self) -> str:
@@ -362,7 +362,7 @@ def recent_length(series: tuple[float, ...], k: int = 6) -> float:
     return sum(tail) / len(tail) if tail else 0.0
 
 
-def implausible_silence(rate_rps: float, rates: tuple[float, ...], interval_s: float) -> float | None:
+def implausible_lull(rate_rps: float, rates: tuple[float, ...], interval_s: float) -> float | None:
     """The arrivals the quietest remembered interval makes one interval expect, where this interval had
     none, or a trickle under LULL_SHARE of that quietest rate, and Poisson arrivals at even that level
     would be silent less than once in a million intervals (pure); None where such quiet is ordinary for
@@ -609,7 +609,7 @@ def plan_interval(
     silence = None
     held_for = now - memory.silent_since if memory.silent_since is not None else 0.0
     if observation.complete and observation.rate_rps is not None and held_for < OUTAGE_HOLD_S:
-        silence = implausible_silence(observation.rate_rps, memory.rates, config.interval_s)
+        silence = implausible_lull(observation.rate_rps, memory.rates, config.interval_s)
     if silence is not None:
         seen = ("no request this interval where the quietest one remembered expects" if not observation.rate_rps
                 else f"{observation.rate_rps:,.3g} req/s this interval, under {LULL_SHARE:.0%} of the quietest one"

@@ -69,8 +69,9 @@ HOLDING = Gauge("fleetpilot_planner_holding", "1 while the planner holds replica
                 ["namespace", "graph"])
 TRAFFIC_STOPPED = Gauge(
     "fleetpilot_planner_traffic_stopped",
-    "1 while the planner holds a graph through an outage upstream: no traffic, or a trickle under a tenth of "
-    "its quietest interval, where its history makes that implausible (PlannerActive=False, TrafficStopped).",
+    "1 while the planner holds a graph through an outage upstream: no traffic, or a trickle under "
+    f"{core.LULL_SHARE:.0%} of its quietest interval, where its history makes that implausible "
+    "(PlannerActive=False, TrafficStopped).",
     ["namespace", "graph"])
 GPUS = Gauge("fleetpilot_planner_gpus", "GPUs the decided replicas use.", ["namespace", "graph"])
 WANTED_GPUS = Gauge("fleetpilot_planner_wanted_gpus", "GPUs the decision would use with no budget.",
