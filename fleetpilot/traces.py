@@ -83,11 +83,14 @@ class Shape:
     The window is in the trace's own clock (for ServeGen: seconds from 00:00 on day 1 of the series).
     `rate_factor` scales the request rate and keeps the time line; `time_factor` compresses the time
     line (2 = twice as fast, hence also twice the rate). `seed` drives every random choice.
+    `tenant_shift_s`: above rate 1, copies are other tenants (see `rate_scale`) rather than each
+    request's burst repeated.
     """
 
     start_s: float = 0.0
     duration_s: float | None = None
     rate_factor: float = 1.0
+    tenant_shift_s: float | None = None
     time_factor: float = 1.0
     max_requests: int | None = None
     seed: int = 0
@@ -296,14 +299,20 @@ def time_scale(requests: Sequence[Request], factor: float) -> list[Request]:
 
 
 def rate_scale(
-    requests: Sequence[Request], factor: float, *, seed: int = 0, jitter_s: float | None = None
+    requests: Sequence[Request], factor: float, *, seed: int = 0, jitter_s: float | None = None,
+    tenant_shift_s: float | None = None,
 ) -> list[Request]:
     """Scale the request rate by `factor` and keep the trace's time line.
 
     Below 1 each request is kept with probability `factor` (thinning a Poisson-like stream keeps its
     shape). Above 1 each request gets `factor - 1` copies on average, each arriving a uniform
     jitter later (default: up to the mean gap between requests) so copies do not land in the same
-    instant. A copy's prefix blocks are renumbered per copy (copy k's ids are offset by k × (largest id
+    instant: every burst of the trace comes `factor` times over, at once, as if every client's burst
+    were the whole population's. With `tenant_shift_s` the copies are other tenants instead: copy k of
+    every request arrives one shift u_k ~ U(0, tenant_shift_s) later (wrapped around the trace's span, so
+    it neither starts late nor runs over), the same shift for the whole copy, so each copy keeps the
+    trace's bursts and its time line to within the shift, and the copies' bursts fall independently.
+    A copy's prefix blocks are renumbered per copy (copy k's ids are offset by k × (largest id
     + 1)): the copies share prefixes with each other the way the originals do, but not with the
     originals, which would turn every copy into a cache hit.
     """
@@ -315,10 +324,14 @@ def rate_scale(
     if factor < 1:
         keep = rng.random(len(requests)) < factor
         return [r for r, kept in zip(requests, keep, strict=True) if kept]
-    span = requests[-1].arrival_s - requests[0].arrival_s
+    if tenant_shift_s is not None and tenant_shift_s < 0:
+        raise ValueError(f"the tenant shift must not be negative, not {tenant_shift_s}")
+    first = requests[0].arrival_s
+    span = requests[-1].arrival_s - first
     jitter = jitter_s if jitter_s is not None else span / len(requests)
     whole = math.floor(factor)
     extra = rng.random(len(requests)) < factor - whole
+    shifts = rng.uniform(0.0, tenant_shift_s, whole + 1) if tenant_shift_s is not None else None  # by copy number
     id_stride = 1 + max((max(r.hash_ids) for r in requests if r.hash_ids), default=0)
     scaled = list(requests)
     for request, one_more in zip(requests, extra, strict=True):
@@ -328,7 +341,13 @@ def rate_scale(
                 if request.hash_ids is not None
                 else None
             )
-            arrival = request.arrival_s + float(rng.uniform(0.0, jitter)) if jitter > 0 else request.arrival_s
+            if shifts is not None:
+                arrival = first + (request.arrival_s - first + float(shifts[copy])) % span if span > 0 \
+                    else request.arrival_s
+            elif jitter > 0:
+                arrival = request.arrival_s + float(rng.uniform(0.0, jitter))
+            else:
+                arrival = request.arrival_s
             scaled.append(replace(request, arrival_s=arrival, hash_ids=hash_ids))
     scaled.sort(key=lambda request: request.arrival_s)
     return scaled
@@ -342,7 +361,7 @@ def prepare(requests: Sequence[Request], shape: Shape) -> list[Request]:
     if shape.max_requests is not None and shape.max_requests < 0:
         raise ValueError(f"--max-requests must not be negative, not {shape.max_requests}")
     shaped = window(requests, start_s=shape.start_s, duration_s=shape.duration_s)
-    shaped = rate_scale(shaped, shape.rate_factor, seed=shape.seed)
+    shaped = rate_scale(shaped, shape.rate_factor, seed=shape.seed, tenant_shift_s=shape.tenant_shift_s)
     shaped = time_scale(shaped, shape.time_factor)
     return shaped[: shape.max_requests] if shape.max_requests is not None else shaped
 

@@ -57,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="scale the request rate: thin (<1) or replicate (>1); for ServeGen, the series' rate (1)",
     )
+    trace.add_argument(
+        "--tenant-shift",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="replicate as other tenants: each copy of the trace shifted as a whole by up to SECONDS "
+        "(default: each request's copies within one mean gap, its bursts repeated at once)",
+    )
     trace.add_argument("--max-requests", type=int, default=None, help="send at most the first N")
     trace.add_argument("--seed", type=int, default=0, help="seed of thinning, replication and synthesis (0)")
 
@@ -97,6 +105,7 @@ def _requests(args: argparse.Namespace) -> list[traces.Request]:
         start_s=args.start,
         duration_s=args.duration,
         rate_factor=args.rate_scale,
+        tenant_shift_s=args.tenant_shift,
         time_factor=args.time_scale,
         max_requests=args.max_requests,
         seed=args.seed,

@@ -105,6 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "llama-3.1-70b,tp=16,nodes=2: a group of two 8-GPU nodes, 16 GPUs a replica")
     group.add_argument("--sla", type=parse_sla, default=None, help="e.g. ttft=500ms,itl=50ms,p=90")
     group.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    group.add_argument("--tenant-shift", type=float, default=None, metavar="SECONDS",
+                       help="with --rate-scale above 1 on a request trace: each copy of the trace is another "
+                            "tenant, shifted as a whole by up to SECONDS, so copies keep their bursts but not "
+                            "each other's (default: every request's copies arrive within one mean gap)")
     group.add_argument("--interval", type=float, default=None,
                        help="planning interval, s (default 60; 600 for a ServeGen series)")
     group.add_argument("--predictors", default="constant,arima,kalman,prophet", help="comma-separated")
@@ -153,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             scenario = evaluate.scenario_from_trace(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
                 interval_s=args.interval or 60.0, startup_s=args.startup_seconds, bounds=bounds, timing=timing,
-                burn_in_s=burn_in_s, workers=args.workers)
+                burn_in_s=burn_in_s, workers=args.workers, tenant_shift_s=args.tenant_shift)
     except ValueError as error:
         raise SystemExit(f"fleetpilot planner backtest: {error}") from None
     print(f"{scenario.description}; {scenario.fidelity} fleet model; {evaluate.burn_in_note(scenario)}", flush=True)

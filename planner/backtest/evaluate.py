@@ -189,14 +189,15 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
                         startup_s: float = 120.0, timing: perfmodel.PerformanceModel | None = None,
                         bounds: Mapping[FleetPool, tuple[int, int]] | None = None, fidelity: Fidelity = "request",
                         fluid_step_s: float = 10.0, seed: int = 0, burn_in_s: float | None = 0.0,
-                        workers: int = 1) -> Scenario:
+                        workers: int = 1, tenant_shift_s: float | None = None) -> Scenario:
     """A request trace (Azure, Mooncake) replayed at `rate_factor`, per request or as a fluid.
 
     `seed` drives the rate scaling's random choices: graphs cut from one trace at one rate differ by it.
+    `tenant_shift_s`: the copies above rate 1 are other tenants, each shifted up to this (`traces.rate_scale`).
     `burn_in_s`: replayed first, neither scored nor costed (None: `default_burn_in`). `workers`:
     processes for the oracle's search that sets the replica bounds.
     """
-    shape = traces.Shape(rate_factor=rate_factor, duration_s=duration_s, seed=seed)
+    shape = traces.Shape(rate_factor=rate_factor, duration_s=duration_s, seed=seed, tenant_shift_s=tenant_shift_s)
     requests = tuple(traces.load(path, shape=shape))
     if not requests:
         raise ValueError(f"{path}: no requests in the chosen window")
@@ -222,7 +223,9 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
                          minlength=cells).astype(float).reshape(-1, per)
     return Scenario(
         name=name, fidelity=fidelity, sla=sla, duration_s=duration, rates=rates, loads=loads,
-        description=(f"{path.name}, rate ×{rate_factor:g}: {len(requests):,} requests over {duration / 3600:.2f} h, "
+        description=(f"{path.name}, rate ×{rate_factor:g}"
+                     f"{'' if tenant_shift_s is None or rate_factor <= 1 else f' as tenants (each copy shifted up to {tenant_shift_s:g} s)'}"
+                     f": {len(requests):,} requests over {duration / 3600:.2f} h, "
                      f"mean {len(requests) / duration:.2f} req/s, ISL {isl.mean():,.0f}, OSL {osl.mean():,.0f}"),
         setting=policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s,
                                  bounds=bounds, gpus_per_replica=config.gpus["decode"],

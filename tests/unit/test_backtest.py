@@ -4,6 +4,7 @@ GPU budgets, and the command with and without matplotlib."""
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import math
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleetpilot import perfmodel
+from fleetpilot import perfmodel, traces
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity, predict
@@ -159,6 +160,34 @@ def test_a_short_replay_gets_no_burn_in_and_a_long_one_the_default(tmp_path: Pat
     with pytest.raises(ValueError, match="burn-in 600 s .* shorter than the replay"):
         evaluate.scenario_from_trace("tiny", trace, profile=profile, sla=SLA, burn_in_s=600.0,
                                      bounds={"prefill": (1, 4), "decode": (1, 4)})
+
+
+def test_a_scenario_scales_its_rate_as_tenants_when_asked(tmp_path: Path) -> None:
+    """The same requests and rate either way; as tenants the copies' arrivals are the trace's own,
+    shifted as a whole, where the default puts each request's copies within one mean gap of it."""
+    trace = azure_csv(tmp_path / "tiny.csv", poisson_trace(0.5, 600, seed=5))
+    profile = evaluate.model_profile(TIMING)
+    bounds: dict[fleetsim.FleetPool, tuple[int, int]] = {"prefill": (1, 4), "decode": (1, 4)}
+    together = evaluate.scenario_from_trace("tiny", trace, profile=profile, sla=SLA, burn_in_s=None,
+                                            rate_factor=3.0, bounds=bounds)
+    tenants = evaluate.scenario_from_trace("tiny", trace, profile=profile, sla=SLA, burn_in_s=None,
+                                           rate_factor=3.0, bounds=bounds, tenant_shift_s=60.0)
+    assert len(tenants.requests) == len(together.requests)
+    assert "as tenants (each copy shifted up to 60 s)" in tenants.description
+    assert "tenants" not in together.description
+
+    originals = [r.arrival_s for r in traces.load(trace)]
+    span = originals[-1] - originals[0]
+
+    def shifts(scenario: evaluate.Scenario) -> list[int]:
+        """How often each offset (mod the span) of a copy from an original occurs, commonest first."""
+        copies = collections.Counter(r.arrival_s for r in scenario.requests) - collections.Counter(originals)
+        offsets = collections.Counter(round((c - o) % span, 6) for c in copies.elements() for o in originals)
+        return [n for _, n in offsets.most_common(2)]
+
+    assert max(shifts(together)) <= 3  # each copy its own jitter, within a mean gap of its original
+    assert min(shifts(tenants)) >= 0.9 * len(originals)  # two copies of the trace, each shifted whole
+    assert max(r.arrival_s for r in tenants.requests) <= originals[-1]  # wrapped round, not run over
 
 
 def test_scaling_down_cancels_starting_replicas_before_draining_ready_ones() -> None:

@@ -6,6 +6,7 @@ those files independently (pandas and the JSON rows by eye), not from the reader
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from pathlib import Path
@@ -171,6 +172,42 @@ def test_replication_scales_the_rate_with_jitter_and_own_prefixes() -> None:
     copies = [r for r in scaled if r.hash_ids is not None and r.hash_ids[0] >= 2000]
     assert len(copies) == len(scaled) - 2000
     assert {r.hash_ids[0] % 2000 for r in copies if r.hash_ids} <= set(range(2000))
+
+
+def bursts(count: int, *, size: int, every_s: float) -> list[traces.Request]:
+    """`count` bursts of `size` requests, all of a burst at one instant, `every_s` apart."""
+    return [request(b * every_s, hash_ids=(b * size + i,)) for b in range(count) for i in range(size)]
+
+
+def busiest_second(requests: list[traces.Request]) -> int:
+    return max(collections.Counter(int(r.arrival_s) for r in requests).values())
+
+
+def test_tenant_copies_keep_their_bursts_but_not_each_others() -> None:
+    """×8 as copies repeats each burst eight times over at once; as tenants each copy keeps the trace's
+    bursts whole at its own shift, so the copies' bursts fall apart, and the time line holds to
+    within the shift."""
+    trace = bursts(100, size=10, every_s=100.0)  # 1,000 requests over 9,900 s
+    together = traces.rate_scale(trace, 8, seed=3, jitter_s=0.0)
+    tenants = traces.rate_scale(trace, 8, seed=3, tenant_shift_s=60.0)
+    assert len(together) == len(tenants) == 8000
+    assert busiest_second(together) == 80
+    assert busiest_second(tenants) <= 30  # eight shifts within 60 s: a few may share a second
+    first, last = trace[0].arrival_s, trace[-1].arrival_s
+    assert all(first <= r.arrival_s <= last for r in tenants)  # wrapped, not run over
+    phases = set()
+    for copy in range(8):  # copy k's prefix ids are offset by k × 1,000
+        own = [r.arrival_s for r in tenants if r.hash_ids and r.hash_ids[0] // 1000 == copy]
+        at_once = collections.Counter(own)
+        assert len(own) == 1000 and set(at_once.values()) == {10}  # every burst whole
+        phase = {round(t % 100.0, 6) for t in at_once}
+        assert len(phase) == 1  # still 100 s apart: one shift for the whole copy
+        phases |= phase
+    assert len(phases) == 8  # each copy its own shift
+    per_1000_s = collections.Counter(int(r.arrival_s // 1000) for r in tenants)
+    assert all(abs(per_1000_s[k] - 800) <= 80 for k in range(9))  # a shift moves at most one burst a copy
+    with pytest.raises(ValueError, match="tenant shift"):
+        traces.rate_scale(trace, 2, tenant_shift_s=-1.0)
 
 
 def test_prepare_orders_the_steps_and_caps() -> None:
