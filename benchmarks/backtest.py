@@ -18,10 +18,12 @@ Dynamo H200 profile as what every planner believes. Nothing here is tuned to a t
 Run: `~/.cache/fleetpilot/venv/bin/python benchmarks/backtest.py [--workers 2] [--quick | --large]`
 (`--quick`: Azure and Mooncake at ×1, startup 120 s, fleetpilot with the constant predictor, no fluid
 check; for CI. `--large`: only the ×64 rows, Azure and Mooncake at startup 120 s, into
-backtest_x64.md: hundreds of replicas, each run 11–14 s on the per-request simulator for Azure, but
-the row 24 min, and Mooncake's did not finish in 70 (its oracle's sweep of shares over 770k requests):
-past the full run's hour, so they run on their own; `--row` picks one of them). `--row "Azure code 2023, ×4"` (repeatable) runs only the rows whose label contains it,
-every policy as in the full run; give it an `--out` so the full report is not overwritten.
+backtest_x64.md: hundreds of replicas, each Azure run 11–14 s on the per-request simulator but the
+row 24 min, and Mooncake's row unfinished after 70 (its oracle's sweep of shares over 770k
+requests): past the full run's hour, so they run on their own).
+`--row "Azure code 2023, ×4"` (repeatable) runs only the rows whose label contains it, every policy
+as in the full run (with `--large`, one of the ×64 rows); give it an `--out` so the full report is
+not overwritten.
 """
 
 from __future__ import annotations
