@@ -42,6 +42,12 @@ class TraceError(ValueError):
     """The trace file does not look like the format it was read as."""
 
 
+NO_TENANTS_IN_A_RATE_SERIES = (
+    "--tenant-shift shifts the copies of a request trace (Azure CSV, Mooncake JSONL); a ServeGen rate "
+    "series is drawn as Poisson arrivals at rate × --rate-scale, with no copies to shift: drop --tenant-shift"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One request of a trace: when it arrives and how long its prompt and generation are."""
@@ -418,5 +424,7 @@ def load(
         return prepare(parse_azure(lines), shape)
     if chosen == "mooncake":
         return prepare(parse_mooncake(lines), shape)
+    if shape.tenant_shift_s is not None:
+        raise ValueError(NO_TENANTS_IN_A_RATE_SERIES)
     synthesised = synthesise(parse_servegen(lines), synthesis=synthesis, shape=shape)
     return prepare(synthesised, Shape(time_factor=shape.time_factor, max_requests=shape.max_requests))

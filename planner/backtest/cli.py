@@ -149,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     burn_in_s = None if args.burn_in_minutes is None else args.burn_in_minutes * 60.0
     try:
         if traces.file_format(args.trace) == "servegen":
+            if args.tenant_shift is not None:
+                raise ValueError(traces.NO_TENANTS_IN_A_RATE_SERIES)
             scenario = evaluate.scenario_from_servegen(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
                 model=args.model, interval_s=args.interval or 600.0, startup_s=args.startup_seconds, bounds=bounds,
@@ -223,13 +225,16 @@ def _run_budget(args: argparse.Namespace, profile: Any, predictor: str, timing: 
     for seed, graph in enumerate(args.graph):
         # Its own seed: two graphs cut from one trace at one rate get different requests.
         if traces.file_format(graph.trace) == "servegen":
+            if args.tenant_shift is not None:
+                raise SystemExit(f"fleetpilot planner backtest: {graph.name}: {traces.NO_TENANTS_IN_A_RATE_SERIES}")
             scenario = evaluate.scenario_from_servegen(
                 graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,
                 interval_s=interval_s, startup_s=args.startup_seconds, seed=seed, timing=timing)
         else:
             scenario = evaluate.scenario_from_trace(
                 graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,
-                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed, timing=timing)
+                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed, timing=timing,
+                tenant_shift_s=args.tenant_shift)
         print(f"{graph.name} (priority {graph.priority}): {scenario.description}; {scenario.fidelity} fleet model",
               flush=True)
         graphs.append(evaluate.BudgetGraph(scenario, graph.priority))

@@ -416,6 +416,34 @@ def test_a_servegen_model_the_file_lacks_is_a_one_line_error_naming_those_it_has
     assert "\n" not in message and "no model 'm-large'" in message and "m-mid, m-small" in message
 
 
+def test_a_tenant_shift_on_a_rate_series_is_a_one_line_error_naming_the_flag(tmp_path: Path) -> None:
+    """A ServeGen series has no copies to shift: `--tenant-shift` is refused, alone or with `--graph`."""
+    from fleetpilot import cli
+
+    series = tmp_path / "rates.csv"
+    series.write_text("model,t_start_s,total_rate_rps,active_clients\nm-large,0,1.5,3\nm-large,600,2.0,3\n")
+    common = ["--sla", "ttft=500ms,itl=50ms,p=90", "--tenant-shift", "60", "--out", str(tmp_path),
+              "--profile", str(TRACES / "calibration" / "h200_llama31_8b_fp8_vllm")]
+    for where in (["--trace", str(series)], ["--graph", f"bulk={series}", "--gpu-budget", "b=4"]):
+        with pytest.raises(SystemExit) as raised:
+            cli.main(["planner", "backtest", *where, *common])
+        message = str(raised.value)
+        assert "\n" not in message and "--tenant-shift" in message and "drop --tenant-shift" in message
+    assert not (tmp_path / "backtest.md").exists()
+
+
+def test_graphs_under_a_budget_take_the_tenant_shift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetpilot import cli
+
+    trace = azure_csv(tmp_path / "tiny.csv", poisson_trace(2.0, 300, seed=5))
+    code = cli.main(["planner", "backtest", "--graph", f"gold={trace},rate=4", "--gpu-budget", "shared=5",
+                     "--tenant-shift", "30", "--sla", "ttft=500ms,itl=50ms,p=90", "--interval", "30",
+                     "--profile", str(TRACES / "calibration" / "h200_llama31_8b_fp8_vllm"),
+                     "--predictors", "constant", "--out", str(tmp_path / "out")])
+    assert code == 0
+    assert "as tenants (each copy shifted up to 30 s)" in capsys.readouterr().out
+
+
 def test_replica_bounds_scale_with_the_traffic() -> None:
     loads = [policies.IntervalLoad(rate, 2048, 128) for rate in (5.0, 20.0, 10.0)]
     small = evaluate.scaled_bounds(PLANNER_SETTING.capacity, SLA, loads)

@@ -290,6 +290,17 @@ def test_cli_dry_run_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> No
     assert cli.main(["--trace", str(AZURE)]) == 2  # no --url
 
 
+def test_a_tenant_shift_on_a_rate_series_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    series = tmp_path / "rates.csv"
+    series.write_text("model,t_start_s,total_rate_rps,active_clients\nm-large,0,0.5,3\nm-large,600,0.7,3\n")
+    assert cli.main(["--trace", str(series), "--rate-scale", "4", "--dry-run"]) == 0  # without it: fine
+    capsys.readouterr()
+    assert cli.main(["--trace", str(series), "--rate-scale", "4", "--tenant-shift", "60", "--dry-run"]) == 2
+    assert "drop --tenant-shift" in capsys.readouterr().err
+
+
 # -- the report (pure) -----------------------------------------------------------------------------
 
 
