@@ -141,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"fleetpilot planner backtest: unknown predictor(s) {', '.join(sorted(unknown))}; "
                          f"choose from {', '.join(evaluate.PREDICTORS)}")
+    sources = [args.trace] if args.trace is not None else [graph.trace for graph in args.graph]
+    if args.tenant_shift is not None and any(traces.file_format(path) == "servegen" for path in sources):
+        raise SystemExit(f"fleetpilot planner backtest: {traces.NO_TENANTS_IN_A_RATE_SERIES}")
     if args.graph:
         return _run_budget(args, profile, predictors[0], timing)
     bounds: dict[FleetPool, tuple[int, int]] | None = None
@@ -149,8 +152,6 @@ def run(args: argparse.Namespace) -> int:
     burn_in_s = None if args.burn_in_minutes is None else args.burn_in_minutes * 60.0
     try:
         if traces.file_format(args.trace) == "servegen":
-            if args.tenant_shift is not None:
-                raise ValueError(traces.NO_TENANTS_IN_A_RATE_SERIES)
             scenario = evaluate.scenario_from_servegen(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
                 model=args.model, interval_s=args.interval or 600.0, startup_s=args.startup_seconds, bounds=bounds,
@@ -225,8 +226,6 @@ def _run_budget(args: argparse.Namespace, profile: Any, predictor: str, timing: 
     for seed, graph in enumerate(args.graph):
         # Its own seed: two graphs cut from one trace at one rate get different requests.
         if traces.file_format(graph.trace) == "servegen":
-            if args.tenant_shift is not None:
-                raise SystemExit(f"fleetpilot planner backtest: {graph.name}: {traces.NO_TENANTS_IN_A_RATE_SERIES}")
             scenario = evaluate.scenario_from_servegen(
                 graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,
                 interval_s=interval_s, startup_s=args.startup_seconds, seed=seed, timing=timing)
