@@ -107,6 +107,7 @@ class Scenario:
     loads: tuple[policies.IntervalLoad, ...]
     requests: tuple[traces.Request, ...] = ()  # request fidelity
     counts: np.ndarray | None = None  # fluid fidelity: arrivals per step (or per step × sub-step)
+    prompt_mix: np.ndarray | None = None  # fluid, request trace: each step's mean prompt service ÷ the trace's
     step_s: float = 60.0
     isl_sample: tuple[int, ...] = ()
     osl_sample: tuple[int, ...] = ()
@@ -123,7 +124,7 @@ class Scenario:
             return driver.RequestFleet(self.fleet_config, self.requests, initial)
         assert self.counts is not None
         return fluid.FluidFleet(self.fleet_config, self.counts, step_s=self.step_s, isl_sample=self.isl_sample,
-                                osl_sample=self.osl_sample, initial=initial)
+                                osl_sample=self.osl_sample, initial=initial, prompt_mix=self.prompt_mix)
 
     def needs(self, attainment: float) -> list[dict[FleetPool, int]]:
         """The oracle's per-interval needs for this share of each interval's requests."""
@@ -231,6 +232,8 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
                                  bounds=bounds, gpus_per_replica=config.gpus["decode"],
                                  decode_batch_cap=config.max_num_seqs),
         fleet_config=config, requests=requests, counts=counts, step_s=fluid_step_s,
+        prompt_mix=fluid.step_prompt_mix(config.timing, config.max_batched_tokens, arrivals, isl,
+                                         step_s=fluid_step_s, steps=len(counts)),
         isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl), known_needs=known,
         burn_in_s=burn_in_s,
     )

@@ -306,6 +306,41 @@ def test_fluid_and_per_request_agree_on_a_poisson_load() -> None:
         assert stats.ttft_p == pytest.approx(ttft_exact, rel=0.35), prefill
 
 
+def test_the_fluid_prices_each_step_s_prompts_as_they_come_on_a_request_trace() -> None:
+    # Long prompts for five minutes, then short ones, at one rate on one prefill replica: the first
+    # half overloads it (utilisation ~1.3), the second does not (~0.3); priced at the trace's mean
+    # prompt (~0.8) the fluid sees no queue in either. Told each step's mix, it sees the first
+    # half's queue as the per-request simulator does.
+    first = poisson_trace(8.8, 300, seed=11, isl=8192, osl=16)
+    second = [dataclasses.replace(r, arrival_s=r.arrival_s + 300) for r in poisson_trace(8.8, 300, seed=12, osl=16)]
+    requests = first + second
+    arrivals = np.array([r.arrival_s for r in requests])
+    isl = np.array([r.input_tokens for r in requests], dtype=float)
+    exact = fleetsim.FleetSimulator(CONFIG, requests, {"prefill": 1, "decode": 2})
+    exact.finish()
+    outcomes = exact.outcomes()
+    exact_p90 = float(np.percentile(outcomes.ttft[arrivals < 300], 90))
+    counts = np.bincount((arrivals // 10).astype(int), minlength=60)[:60].astype(float)
+    mix = fluid.step_prompt_mix(CONFIG.timing, CONFIG.max_batched_tokens, arrivals, isl, step_s=10, steps=60)
+    assert mix[:30].min() > 1.2 and mix[30:].max() < 0.8  # dearer, then cheaper, than the trace's mean
+
+    def first_half_p90(prompt_mix: np.ndarray | None) -> float:
+        model = fluid.FluidFleet(CONFIG, counts, step_s=10, isl_sample=[int(v) for v in isl],
+                                 osl_sample=[r.output_tokens for r in requests],
+                                 initial={"prefill": 1, "decode": 2}, prompt_mix=prompt_mix)
+        model.finish()
+        stats = model.window(0, 300, percentile=90)
+        assert stats.ttft_p is not None
+        return stats.ttft_p
+
+    assert exact_p90 > 10.0  # the first half's queue: tens of seconds
+    assert first_half_p90(mix) == pytest.approx(exact_p90, rel=0.35)
+    assert first_half_p90(None) < exact_p90 / 3  # at the mean price the queue is not there
+    with pytest.raises(ValueError, match="one positive factor per step"):
+        fluid.FluidFleet(CONFIG, counts, step_s=10, isl_sample=[1024], osl_sample=[16],
+                         initial={"prefill": 1, "decode": 1}, prompt_mix=mix[:10])
+
+
 def test_the_fluid_queues_prompts_on_bursts_a_step_rate_hides() -> None:
     # A burst of 60 prompts within 0.3 s every 10 s: 6 req/s on average, a light load for two prefill
     # replicas, but each burst queues. Told the arrivals per half-second, the fluid sees the queue the
