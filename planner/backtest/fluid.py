@@ -149,11 +149,11 @@ class FluidFleet:
         self._wait_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))
         self._place_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))  # when in the step
         budget = config.max_batched_tokens
-        alone = np.array([lone_prefill_s(self.timing, int(n), budget) for n in self.isl])
+        alone = lone_prefills_s(self.timing, self.isl, budget)
         self._lone_prefill = self.timing.calibration.ttft_overhead_s + alone
         self._transfer = np.array([self.timing.kv_transfer_time(int(n), config.kv_bandwidth_bytes_per_s)
                                    for n in self.isl])
-        service = prompt_service_s(self.timing, self.isl, budget)
+        service = prompt_service_s(self.timing, self.isl, budget, alone=alone)
         self._service_mean = float(service.mean())
         self._residual_s = float((service**2).mean() / (2 * self._service_mean))
         # Where sub-steps carry the arrivals' variance, a prompt waits at most for the batched step in
@@ -518,14 +518,22 @@ class FluidFleet:
         return result
 
 
-def prompt_service_s(timing: perfmodel.PerformanceModel, isl: np.ndarray, budget: int) -> np.ndarray:
-    """What each prompt costs a prefill replica: its lone prefill (long prompts pay their quadratic
-    attention), or its share of a full batched step where that is more (short ones batch)."""
+def lone_prefills_s(timing: perfmodel.PerformanceModel, isl: np.ndarray, budget: int) -> np.ndarray:
+    """Each prompt's prefill alone on a replica (`lone_prefill_s`), priced once per distinct length."""
     lengths_, index = np.unique(np.asarray(isl, dtype=int), return_inverse=True)
     alone = np.array([lone_prefill_s(timing, int(n), budget) for n in lengths_])
+    return alone[index]
+
+
+def prompt_service_s(timing: perfmodel.PerformanceModel, isl: np.ndarray, budget: int, *,
+                     alone: np.ndarray | None = None) -> np.ndarray:
+    """What each prompt costs a prefill replica: its lone prefill (long prompts pay their quadratic
+    attention; `alone` where the caller has it), or its share of a full batched step where that is
+    more (short ones batch)."""
+    alone = lone_prefills_s(timing, isl, budget) if alone is None else alone
     batched_tokens_per_s = budget / timing.prefill_time(budget)
-    priced: np.ndarray = np.maximum(lengths_ / batched_tokens_per_s, alone)
-    return priced[index]
+    priced: np.ndarray = np.maximum(np.asarray(isl, dtype=float) / batched_tokens_per_s, alone)
+    return priced
 
 
 def step_prompt_mix(timing: perfmodel.PerformanceModel, budget: int, arrivals_s: np.ndarray, isl: np.ndarray, *,
