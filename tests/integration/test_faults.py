@@ -141,7 +141,14 @@ def test_hand_edits_of_child_deployments_are_reverted(
         took[what] = round(time.monotonic() - started, 2)
     print(f"\nhand edits reverted after (s): {took}")
     wait_for(lambda: ready(kubectl, namespace, "edited"), timeout=90, what="Ready again")
-    assert len(kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")) == 2
+    # Ready counts the reverted template's two pods; the hijacked image's pod is the old ReplicaSet's,
+    # which the controller-manager scales away in its own time: wait for it to go, as a user would.
+    def two_decode_images() -> list[str] | None:
+        pods = kubectl.items("pods", namespace, "fleetpilot.dev/component=decode")
+        return sorted(pod["spec"]["containers"][0]["image"] for pod in pods) if len(pods) == 2 else None
+
+    images = wait_for(two_decode_images, timeout=60, what="the hijacked image's pod gone, two decode pods left")
+    assert "example.com/not-ours:1" not in images
 
 
 @pytest.fixture
