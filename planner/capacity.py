@@ -25,7 +25,8 @@ request (isl + osl/2) the model takes the largest concurrency c with ITL ≤ tar
 concurrency up to c (the first crossing, so a noisy bump in the profile never lets it skip past a
 violation), within the KV cache (c × context ≤ kv_capacity_tokens) and within the concurrencies the
 profile measured: the ceiling. A KV cache or running-batch cap (the engine's, where known) is a wall,
-past which requests wait for a slot without bound, so the ceiling stays `max_utilization` below it.
+past which requests wait for a slot without bound, so the ceiling is where a replica serves
+`max_utilization` of the requests/s it serves at the wall (its rate, not its sequences: ITL grows with them).
 The rate at concurrency c is share(c) × c / (osl × ITL(c)), where share = measured tokens/s × ITL / c is the part of the offered sequences the engine actually runs:
 about 1 until its running-batch cap, then falling, because the rest queue (ITL stops growing there,
 and so does throughput). The load sets the concurrency (Little's law: c = rate × osl × ITL), so a
@@ -290,6 +291,9 @@ class _PrefillMix:
 
 
 _DECODE_ANSWERS_KEPT = 4096  # a few intervals of a thousand graphs' lengths
+# Halvings of [lowest, wall] when finding where a decode replica runs `max_utilization` of the wall's
+# rate: 2⁻⁴⁰ of a few hundred sequences is far below one.
+_WALL_BISECTIONS = 40
 # How finely a TTFT quantile is searched for (seconds; relative beyond one second): a tenth of a microsecond.
 _TTFT_RESOLUTION_S = 1e-7
 
@@ -680,8 +684,8 @@ class CapacityModel:
         if limit != "grid":
             # A full KV cache or running batch is a wall, not a slope: at it, requests queue for a slot
             # without bound, so a replica is planned below it as a prefill replica is planned below
-            # saturation (`max_utilization`).
-            top = max(min(lowest, top), top * self.max_utilization)
+            # saturation (`max_utilization` of the rate it serves there).
+            top = self._below_the_wall(top, lowest, context, osl)
         ceiling = top
         # ITL is linear in concurrency between the rows' breakpoints: walk them, stop at the first
         # crossing of the target and solve that segment exactly.
@@ -729,6 +733,29 @@ class CapacityModel:
             extrapolated=extrapolated,
             reason=reason,
         )
+
+    def _below_the_wall(self, wall: float, lowest: float, context: float, osl: float) -> float:
+        """The concurrency at which a replica serves `max_utilization` of the requests/s it serves at
+        its wall (a full KV cache or batch cap), found by bisection.
+
+        The margin is kept in requests/s, as for prefill, not in sequences: ITL grows with the
+        sequences, so 90% of the wall's sequences still serve ~98% of its rate (ServeGen m-large on the
+        H200 profile: 32.8 of the 33.6 requests/s its 256 slots hold), and a load that rises within an
+        interval meets the wall.
+        """
+        if wall <= lowest:
+            return wall
+        wanted = self.max_utilization * self._rate_at(wall, context, osl)
+        if self._rate_at(lowest, context, osl) >= wanted:
+            return lowest
+        low, high = lowest, wall
+        for _ in range(_WALL_BISECTIONS):
+            mid = (low + high) / 2.0
+            if self._rate_at(mid, context, osl) < wanted:
+                low = mid
+            else:
+                high = mid
+        return low
 
     def decode_rate_per_replica(self, isl: float, osl: float, itl_target_s: float) -> float:
         """Requests/s one decode replica sustains within the ITL target; 0 when unreachable."""

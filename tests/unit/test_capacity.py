@@ -150,27 +150,32 @@ def test_decode_rate_between_grid_points() -> None:
 def test_decode_rate_limited_by_the_kv_cache() -> None:
     """ISL 1800, OSL 400: context 2000, halfway between the rows, so ITL(c) is the rows' mean:
     12 ms at 1, 25 ms at 50, 40 ms at 100. The KV cache holds 100,000 / 2000 = 50 such sequences,
-    a wall past which requests queue for a slot, so a 40 ms target stops at max_utilization (0.9) of
-    it: 45, at ITL 12 + 44 × 13 / 49 = 23.67 ms, 45 / (400 × 0.02367) = 4.75 requests/s; at
-    max_utilization 0.6, 30 at 19.55 ms: 3.84 requests/s."""
+    a wall past which requests queue for a slot: at it a replica serves 50 / (400 × 0.025) = 5
+    requests/s, so a 40 ms target stops where it serves max_utilization (0.9) of that, 4.5 requests/s:
+    c = 4.5 × 400 × (0.012 + (c − 1) × 0.013 / 49), c = 21.122 / 0.52245 = 40.43 sequences (not the 45
+    that 0.9 of the wall's sequences would be: at 45 it serves 4.75, 95% of the wall's rate). At
+    max_utilization 0.6: 3 requests/s, c = 14.082 / 0.68163 = 20.66."""
     assert TINY.itl_s(50, 2000).value == pytest.approx(0.025)
     capacity = TINY.decode_capacity(1800, 400, 0.040)
     assert capacity.limited_by == "kv"
-    assert capacity.max_concurrency == capacity.concurrency == pytest.approx(45)
-    assert capacity.itl_s == pytest.approx(0.012 + 44 * 0.013 / 49)
-    assert capacity.rate_rps == pytest.approx(45 / (400 * (0.012 + 44 * 0.013 / 49)))
+    assert capacity.max_concurrency == capacity.concurrency == pytest.approx(40.43, abs=0.01)
+    assert capacity.rate_rps == pytest.approx(4.5)
+    assert capacity.itl_s == pytest.approx(0.012 + (capacity.concurrency - 1) * 0.013 / 49)
     relaxed = capacities.CapacityModel(tiny_profile(), max_utilization=0.6).decode_capacity(1800, 400, 0.040)
-    assert relaxed.concurrency == pytest.approx(30)
-    assert relaxed.rate_rps == pytest.approx(30 / (400 * (0.012 + 29 * 0.013 / 49)))
+    assert relaxed.concurrency == pytest.approx(20.66, abs=0.01)
+    assert relaxed.rate_rps == pytest.approx(3.0)
 
 
 def test_an_engine_batch_cap_is_a_wall_planned_below() -> None:
-    """The engine runs at most 40 sequences (max_num_seqs): below the KV cache's 50, so it binds, and
-    the ceiling is 0.9 × 40 = 36, where the 40 ms target alone would allow 50."""
+    """The engine runs at most 40 sequences (max_num_seqs): below the KV cache's 50, so it binds. At 40 a
+    replica serves 40 / (400 × (0.012 + 39 × 0.013 / 49)) = 4.475 requests/s; the ceiling is where it
+    serves 0.9 of that, 4.027: c = 1611 × (0.012 + (c − 1) × 0.013 / 49), c = 33.0, where the 40 ms
+    target alone would allow 50."""
     capacity = TINY.decode_capacity(1800, 400, 0.040, max_running=40)
+    wall_rate = 40 / (400 * (0.012 + 39 * 0.013 / 49))
     assert capacity.limited_by == "engine"
-    assert capacity.max_concurrency == pytest.approx(36)
-    assert capacity.rate_rps == pytest.approx(36 / (400 * (0.012 + 35 * 0.013 / 49)))
+    assert capacity.max_concurrency == pytest.approx(33.0, abs=0.02)
+    assert capacity.rate_rps == pytest.approx(0.9 * wall_rate)
 
 
 def test_decode_rate_limited_by_the_measured_grid() -> None:

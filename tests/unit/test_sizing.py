@@ -187,15 +187,15 @@ def test_reachable_targets_are_feasible() -> None:
 
 
 def test_decode_pool_may_have_its_own_capacity_model() -> None:
-    """A decode pool whose KV cache holds only 20,000 tokens is full at 20 sequences of context 1000,
-    and planned at 0.9 of that (a wall): 18, at ITL 10 + 10 × 17 / 49 = 13.47 ms: 18 / (400 × 0.01347)
-    = 3.34 requests/s → 20 / 3.34 → 6."""
+    """A decode pool whose KV cache holds only 20,000 tokens is full at 20 sequences of context 1000
+    (a wall), where a replica serves 20 / (400 × (0.010 + 0.010 × 19 / 49)) = 3.603 requests/s; it is
+    planned at 0.9 of that rate, 3.243 → 20 / 3.243 → 7 replicas (the shared model's 6.25 → 4)."""
     small = capacities.CapacityModel(tiny_profile(kv_capacity_tokens=20_000))
     desired = sizing.size(LOAD, TINY, SLA, decode_capacity=small)
-    itl = 0.010 + 0.010 * 17 / 49
-    assert small.decode_rate_per_replica(800, 400, 0.020) == pytest.approx(18 / (400 * itl))
-    assert (desired.prefill, desired.decode) == (4, math.ceil(20 / (18 / (400 * itl))))
-    assert desired.decode == 6
+    wall_rate = 20 / (400 * (0.010 + 0.010 * 19 / 49))
+    assert small.decode_rate_per_replica(800, 400, 0.020) == pytest.approx(0.9 * wall_rate)
+    assert (desired.prefill, desired.decode) == (4, math.ceil(20 / (0.9 * wall_rate)))
+    assert desired.decode == 7
 
 
 def test_size_aggregated_adds_the_phase_shares() -> None:
@@ -570,11 +570,14 @@ def test_each_pool_says_what_set_its_replicas() -> None:
 
 def test_a_learned_running_cap_limits_what_a_decode_replica_is_sized_for() -> None:
     """The profile lets a decode replica run up to its ITL ceiling (50); a fleet whose engines run at most 20
-    sequences each serves fewer requests per replica, and sizing uses the smaller ceiling (planned at 0.9
-    of that wall: 18)."""
+    sequences each serves fewer requests per replica, and sizing uses the smaller ceiling: a wall, planned
+    where a replica serves 0.9 of its rate there (20 / (400 × 0.01388) = 3.603 requests/s): 3.243, at
+    c = 12.97 + 0.2647 × (c − 1), c = 17.28 sequences."""
     free = TINY.decode_capacity(800, 400, 0.020)
     capped = TINY.decode_capacity(800, 400, 0.020, max_running=20.0)
-    assert free.max_concurrency > 20 and capped.max_concurrency == pytest.approx(18) and capped.limited_by == "engine"
+    assert free.max_concurrency > 20 and capped.limited_by == "engine"
+    assert capped.max_concurrency == pytest.approx(17.28, abs=0.01)
+    assert capped.rate_rps == pytest.approx(0.9 * 20 / (400 * (0.010 + 0.010 * 19 / 49)))
     assert capped.rate_rps < free.rate_rps
     plain = sizing.size(LOAD, TINY, SLA)
     learned = sizing.size(LOAD, TINY, SLA, sizing.Corrections(decode_max_running=20.0))
