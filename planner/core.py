@@ -583,6 +583,39 @@ def load_at_risk(forecast: PendingForecast, memory: GraphMemory, *, risk: float,
                        decode_rate_rps=peak("output_tokens"))
 
 
+def decode_batch_cap(config: GraphPlanConfig, memory: GraphMemory) -> float:
+    """The most sequences a decode replica runs: what the engine's flags say binds from the start, what
+    the fleet showed where it is lower (a KV cache smaller than profiled); NaN: neither is known."""
+    stated = [cap for cap in (memory.decode_max_running, config.decode_batch_cap) if cap is not None]
+    return min(stated) if stated else math.nan
+
+
+def sizing_corrections(config: GraphPlanConfig, memory: GraphMemory) -> sizing.Corrections:
+    """What sizing corrects the profile by: the recent intervals' estimates and the batch cap, or, with
+    autoCorrect off, the profile as written (what was learned of the fleet's speed stays out)."""
+    corrections = dataclasses.replace(calibrated(memory.calibration), decode_max_running=decode_batch_cap(config, memory))
+    if not config.auto_correct:
+        corrections = dataclasses.replace(corrections, prefill=1.0, decode=1.0, prefill_offset_s=0.0,
+                                          decode_offset_s=0.0)
+    return corrections
+
+
+def needed_ahead(config: GraphPlanConfig, memory: GraphMemory, capacity: capacities.CapacityModel,
+                 trend: reactive.Trend) -> dict[sizing.Pool, int] | None:
+    """The replicas per pool that the trend's rate a startup ahead needs, sized as the plan sizes (its
+    corrections, length mixes, burstiness, bounds); None before any interval has measured lengths."""
+    isl, osl = recent_length(memory.isls), recent_length(memory.osls)
+    if not config.disaggregated or isl <= 0 or osl <= 0:
+        return None
+    load = sizing.Load(rate_rps=trend.rate_ahead_rps, isl=isl, osl=osl, burst=_median(memory.bursts, 1.0))
+    if config.length_mix:
+        load = dataclasses.replace(load, isl_mix=recent_mix(memory.isl_histograms, isl),
+                                   osl_mix=recent_mix(memory.osl_histograms, osl))
+    most = {pool: bound.max_replicas for pool, bound in config.bounds.items()}
+    desired = sizing.size(load, capacity, config.sla, sizing_corrections(config, memory), most=most)
+    return {pool: n for pool, n in desired.replicas.items()}
+
+
 def min_gpus(config: GraphPlanConfig) -> int:
     return sum(bound.min_replicas * config.gpus_per_replica[pool] for pool, bound in config.bounds.items())
 
@@ -671,10 +704,6 @@ def plan_interval(
     max_running = memory.decode_max_running
     if config.disaggregated:
         max_running = learn_max_running(max_running, observation, serving.get("decode", 0))
-    # What the engine's flags say binds from the start; what the fleet showed binds where it is lower
-    # (a KV cache smaller than profiled).
-    stated = [cap for cap in (max_running, config.decode_batch_cap) if cap is not None]
-    batch_cap = min(stated) if stated else math.nan
     # Intervals that measured nothing (no traffic) leave the last judgement standing.
     sample = interval_drift(config, capacity, observation, serving, estimate, burst=interval_burst)
     measured = sample.measured
@@ -682,11 +711,7 @@ def plan_interval(
                                  decode_max_running=max_running,
                                  drift=(*memory.drift, sample)[-CALIBRATION_INTERVALS:] if measured else memory.drift)
     verdict = drifts.judge(memory.drift, threshold=config.drift_threshold)
-    corrections = dataclasses.replace(calibrated(memory.calibration), decode_max_running=batch_cap)
-    if not config.auto_correct:
-        # The profile as written: what was learned of the fleet's speed and latency stays out of sizing.
-        corrections = dataclasses.replace(corrections, prefill=1.0, decode=1.0, prefill_offset_s=0.0,
-                                          decode_offset_s=0.0)
+    corrections = sizing_corrections(config, memory)
     size = sizing.size if config.disaggregated else sizing.size_aggregated
     most = {pool: bound.max_replicas for pool, bound in config.bounds.items()}
     desired = size(load, capacity, config.sla, corrections, most=most)
@@ -737,11 +762,14 @@ def react(
     capacity: capacities.CapacityModel,
     isl: float | None = None,
     osl: float | None = None,
+    trend: reactive.Trend | None = None,
+    ahead: Mapping[sizing.Pool, int] | None = None,
 ) -> reactive.Reaction:
     """The fast path between two intervals (pure): `reactive.react` with the graph's targets and bounds.
 
-    `floor` is the last interval's decision; lengths default to the recent intervals' means. An
-    aggregated graph has no prefill/decode split to blame: the fast path leaves it alone.
+    `floor` is the last interval's decision; lengths default to the recent intervals' means. `trend`
+    and `ahead`: the arrivals' rise and what it needs (`needed_ahead`, sized once per reading by the
+    caller). An aggregated graph has no prefill/decode split to blame: the fast path leaves it alone.
     """
     if not config.disaggregated:
         return reactive.Reaction(dict(floor), ["aggregated graph: no fast path"], False)
@@ -752,7 +780,7 @@ def react(
     if isl > 0 and osl > 0:
         ttft_s, itl_s = sizing.attainable_targets(capacity, isl=isl, osl=osl, ttft_s=ttft_s, itl_s=itl_s)
     reaction = reactive.react(gauges, capacity, isl=isl, osl=osl, ttft_target_s=ttft_s, itl_target_s=itl_s,
-                              floor=floor, bounds=bounds)
+                              floor=floor, bounds=bounds, ahead=ahead, trend=trend)
     if config.gpu_budget is None or not reaction.changed:
         return reaction
     # Within the GPU budget the last interval was granted: take back the newest additions first.

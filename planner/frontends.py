@@ -27,26 +27,48 @@ from fleetpilot.planner.observe import EngineGauges
 
 def phases(exposition: str) -> dict[str, float] | None:
     """Requests per phase in one frontend's /metrics text (summed over models), or None without the metric."""
-    return scrape.sum_by_label([exposition], contract.PHASE_METRIC, "phase") or None
+    return _phases_and_started(exposition)[0]
+
+
+def started(exposition: str) -> float | None:
+    """Requests one frontend has received (its counter, summed over models), or None without the metric."""
+    return _phases_and_started(exposition)[1]
+
+
+def _phases_and_started(exposition: str) -> tuple[dict[str, float] | None, float | None]:
+    """Both readings of one frontend's /metrics text, parsed once."""
+    in_phase: dict[str, float] = {}
+    received: float | None = None
+    for family in text_string_to_metric_families(exposition):
+        if family.name == contract.PHASE_METRIC:
+            for sample in family.samples:
+                phase = sample.labels.get("phase", "")
+                in_phase[phase] = in_phase.get(phase, 0.0) + sample.value
+        elif family.name == contract.STARTED_METRIC:
+            received = sum(s.value for s in family.samples if s.name == f"{contract.STARTED_METRIC}_total")
+    return in_phase or None, received
 
 
 def gauges_from_expositions(expositions: Iterable[str]) -> EngineGauges | None:
     """The fast path's gauges summed over a graph's frontends: requests in the prefill hop, prefilled ones
-    waiting for their first token (a decode slot, the KV transfer), streaming ones. None when there is no
-    frontend or one of them does not export the phases (an older frontend)."""
+    waiting for their first token (a decode slot, the KV transfer), streaming ones, and the requests they
+    have received (None unless every frontend says). None when there is no frontend or one of them does
+    not export the phases (an older frontend)."""
     total: dict[str, float] = {}
+    received: float | None = 0.0
     seen = 0
     for text in expositions:
-        counts = phases(text)
+        counts, count = _phases_and_started(text)
         if counts is None:
             return None
         seen += 1
         for phase, value in counts.items():
             total[phase] = total.get(phase, 0.0) + value
+        received = None if count is None or received is None else received + count
     if not seen:
         return None
     return EngineGauges(prefill_waiting=total.get("prefill", 0.0), decode_running=total.get("decoding", 0.0),
-                        decode_waiting=total.get("first_token", 0.0))
+                        decode_waiting=total.get("first_token", 0.0), started=received)
 
 
 def demand_from_expositions(expositions: Iterable[str]) -> zero.Demand | None:

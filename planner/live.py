@@ -149,6 +149,15 @@ class FastPathState:
     floor: dict[sizing.Pool, int]
 
 
+@dataclasses.dataclass(frozen=True)
+class ArrivalReadings:
+    """The frontends' request counter at the last fast-path tick, and the readings between ticks."""
+
+    counted: float
+    at: float  # the planner's clock (monotonic seconds)
+    readings: tuple[reactive.Reading, ...] = ()
+
+
 def _set_binding(namespace: str, name: str, pool: str, why: sizing.Binding) -> None:
     for reason in BINDINGS:
         BINDING.labels(namespace, name, pool, reason).set(1 if reason == why else 0)
@@ -249,6 +258,9 @@ class LivePlanner:
         # (the floor it never goes below), and when it next looks at the engines' queues.
         self.fast: dict[tuple[str, str], FastPathState] = {}
         self.next_react: dict[tuple[str, str], float] = {}
+        # The arrivals the fast path read per graph: the frontends' counter and when, and the readings
+        # its trend is fitted from (`reactive.rate_ahead`).
+        self.arrivals: dict[tuple[str, str], ArrivalReadings] = {}
         # Scale to zero: whether each graph that may sleep was idle at its last reading (planner/zero.py).
         self.asleep: dict[tuple[str, str], bool] = {}
         self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
@@ -401,6 +413,7 @@ class LivePlanner:
             self.memory.pop(key, None)
             self.fast.pop(key, None)
             self.next_react.pop(key, None)
+            self.arrivals.pop(key, None)
             self.asleep.pop(key, None)
         names = {f"{namespace}/{name}" for namespace, name in keep}
         for budget in self.ledger.budgets:
@@ -682,12 +695,15 @@ class LivePlanner:
             prefill_queued_tokens=engines.prefill_waiting * isl, decode_running=engines.decode_running,
             decode_waiting=engines.decode_waiting, ready=ready, active=current)
         config = state.config
+        trend = self._read_arrivals((namespace, name), engines.started, config)
+        ahead = core.needed_ahead(config, memory, state.capacity, trend) if trend is not None else None
         budget = graph.spec.planner.budget
         if budget is not None and budget in self.ledger and config.gpu_budget is not None:
             # The others may have grown into what this graph's last plan left unused: only what is free now.
             config = dataclasses.replace(config, gpu_budget=min(config.gpu_budget,
                                                                 self._room(budget, (namespace, name), config, current)))
-        reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity)
+        reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity, trend=trend,
+                              ahead=ahead)
         if not reaction.changed or not self.may_act():
             return reaction
         added = {pool: n for pool, n in reaction.replicas.items() if n > current.get(pool, 0)}
@@ -702,6 +718,25 @@ class LivePlanner:
             await self._event(body, "FastPath", ", ".join(f"{p} {current[p]}→{n}" for p, n in added.items())
                               + f": {why}")
         return reaction
+
+    def _read_arrivals(self, key: tuple[str, str], counted: float | None,
+                       config: core.GraphPlanConfig) -> reactive.Trend | None:
+        """Remember the requests the frontends received since the last tick, and the trend of the last
+        readings. A counter that is not read, or that went back (a frontend restarted or left), starts
+        the readings afresh: its difference is not the arrivals."""
+        now = self.clock()
+        last = self.arrivals.get(key)
+        if counted is None:
+            self.arrivals.pop(key, None)
+            return None
+        if last is None or counted < last.counted or now <= last.at:
+            self.arrivals[key] = ArrivalReadings(counted, now)
+            return None
+        readings, trend = reactive.read_arrivals(
+            last.readings, reactive.Reading(last.at, now, counted - last.counted), startup_s=config.startup_s,
+            period_s=config.reactive_period_s or config.interval_s)
+        self.arrivals[key] = ArrivalReadings(counted, now, readings)
+        return trend
 
     async def read_frontends(self, namespace: str, name: str) -> observe_mod.EngineGauges | None:
         """The graph's queues from its Ready frontends' /metrics, or None when any does not answer."""

@@ -97,6 +97,7 @@ class EngineGauges:
     prefill_waiting: float  # requests queued at the prefill workers
     decode_running: float  # sequences decoding
     decode_waiting: float  # requests waiting for a decode slot (KV cache or batch cap full)
+    started: float | None = None  # requests the frontends have received, summed (a counter); None: not read
 
 
 def gauge_queries(*, namespace: str, graph: str, labels: Labels) -> dict[str, str]:

@@ -104,6 +104,9 @@ WORKER_ROLES = ("prefill", "decode", "aggregated")
 #: token (a decode slot, the KV transfer), streaming.
 PHASE_METRIC = "fleetpilot_frontend_requests_in_phase"
 PHASES = ("prefill", "first_token", "decoding")
+#: The frontend's counter of requests received (the offered load): the fast path reads its rise between
+#: ticks as the arrivals' trend.
+STARTED_METRIC = "fleetpilot_frontend_requests_started"
 
 
 def child_name(graph: str, component: str) -> str:

@@ -56,7 +56,7 @@ class FrontendMetrics:
             "(prefilled, or aggregated and sent, waiting for the first token: a decode slot and the KV transfer), "
             "decoding (streaming tokens). The planner's fast path reads them: any engine, no engine metrics needed.",
             ["model", "phase"], registry=r)
-        self.started = Counter("fleetpilot_frontend_requests_started", "Requests received: the offered load.",
+        self.started = Counter(contract.STARTED_METRIC, "Requests received: the offered load.",
                                ["model"], registry=r)
         self.inflight = Gauge("fleetpilot_frontend_inflight_requests", "Requests being served.", ["model"], registry=r)
         self.ttft = Histogram("fleetpilot_frontend_time_to_first_token_seconds", "Time to first token, per request.",

@@ -412,6 +412,10 @@ class Fleetpilot(Base):
     calls the live planner makes. `reactive=False` runs the predictive loop alone (the comparison the
     report makes); the policy is then named `fleetpilot-<predictor>-predictive`."""
 
+    # The arrivals the fast path has read (its trend), and what the last reading's trend needs.
+    _arrivals: tuple[reactive.Reading, ...]
+    _trend: tuple[reactive.Trend, dict[sizing.Pool, int]] | None
+
     def __init__(self, setting: Setting, predictor: predict.Predictor, *, predictor_name: str, risk: float,
                  initial: Mapping[FleetPool, int], hold_s: float | None = None, reactive: bool = True,
                  length_mix: bool = True) -> None:
@@ -437,6 +441,9 @@ class Fleetpilot(Base):
         self._floor: dict[sizing.Pool, int] = dict(self._initial.items())
         self.last_plan: core.Plan | None = None
         self.reactions = 0  # fast-path steps that added replicas
+        self._arrivals = ()
+        self._trend = None
+        self._read_this_interval = 0.0  # requests in this interval's readings so far
 
     def initial(self) -> Replicas:
         return dict(self._initial)
@@ -457,21 +464,48 @@ class Fleetpilot(Base):
         decision: Replicas = {pool: plan.replicas[pool] for pool in FLEET_POOLS}
         self._current = dict(decision.items())
         self._floor = dict(decision.items())
+        self._close_arrivals(stats)
         return decision
+
+    def _close_arrivals(self, stats: WindowStats) -> None:
+        """The interval's arrivals after its last fast-path tick, as one more reading: the ticks stop a
+        step short of the interval's end (the plan decides there), and a live loop misses nothing."""
+        last = self._arrivals[-1].end if self._arrivals else None
+        if last is not None and stats.start - 1e-9 <= last < stats.end - 1e-9:
+            rest = max(stats.arrivals - self._read_this_interval, 0.0)
+            self._arrivals = reactive.remember_arrivals(
+                self._arrivals, reactive.Reading(last, stats.end, rest),
+                keep_s=reactive.trend_window_s(startup_s=self.config.startup_s, period_s=self._period_s()))
+        self._read_this_interval = 0.0
+
+    def _period_s(self) -> float:
+        return self.reactive_period_s or self.setting.interval_s
 
     def react(self, stats: WindowStats, now: float) -> Replicas | None:
         gauges = reactive.Gauges(
             prefill_queued_tokens=stats.prefill_queued_tokens, decode_running=stats.decode_running,
             decode_waiting=stats.decode_waiting, ready=dict(stats.ready.items()), active=dict(stats.active.items()),
         )
+        if not self._arrivals or stats.end > self._arrivals[-1].end:
+            self._read_arrivals(stats)
+        trend, ahead = self._trend if self._trend is not None else (None, None)
         reaction = core.react(self.config, gauges, self.memory, floor=self._floor, capacity=self.setting.capacity,
-                              isl=stats.isl_mean, osl=stats.osl_mean)
+                              isl=stats.isl_mean, osl=stats.osl_mean, trend=trend, ahead=ahead)
         if not reaction.changed:
             return None
         self.reactions += 1
         decision: Replicas = {pool: reaction.replicas[pool] for pool in FLEET_POOLS}
         self._current = dict(decision.items())
         return decision
+
+    def _read_arrivals(self, stats: WindowStats) -> None:
+        """Remember a reading's arrivals and size for their trend once (a fluid step's ticks share one)."""
+        self._arrivals, trend = reactive.read_arrivals(
+            self._arrivals, reactive.Reading(stats.start, stats.end, stats.arrivals), startup_s=self.config.startup_s,
+            period_s=self._period_s())
+        self._read_this_interval += stats.arrivals
+        ahead = core.needed_ahead(self.config, self.memory, self.setting.capacity, trend) if trend else None
+        self._trend = (trend, ahead) if trend is not None and ahead is not None else None
 
     def forecast(self) -> float | None:
         plan = self.last_plan

@@ -148,8 +148,8 @@ def test_the_fast_path_reads_the_frontends_phases_and_falls_back_to_the_engines_
     assert 'phase="decoding"' in found["decode_running"]
 
 
-def frontend_exposition(**in_phase: float) -> str:
-    """What a real frontend's /metrics says with that many requests in each phase."""
+def frontend_exposition(started: float = 0.0, **in_phase: float) -> str:
+    """What a real frontend's /metrics says with that many requests in each phase, `started` received."""
     import prometheus_client
 
     from fleetpilot.frontend.metrics import FrontendMetrics
@@ -157,7 +157,56 @@ def frontend_exposition(**in_phase: float) -> str:
     metrics = FrontendMetrics()
     for phase, count in in_phase.items():
         metrics.in_phase.labels("m", phase).set(count)
+    if started:
+        metrics.started.labels("m").inc(started)
     return prometheus_client.generate_latest(metrics.registry).decode()
+
+
+def test_the_frontends_counters_of_requests_received_are_summed_when_every_one_has_it() -> None:
+    from fleetpilot.planner import frontends
+
+    both = frontends.gauges_from_expositions([frontend_exposition(120, decoding=3), frontend_exposition(30, decoding=0)])
+    assert both is not None and both.started == 150.0 and both.decode_running == 3.0
+    assert frontends.started(frontend_exposition(7)) == 7.0  # the _total sample, not _created
+    older = frontend_exposition(decoding=1).replace("fleetpilot_frontend_requests_started", "something_else")
+    one_silent = frontends.gauges_from_expositions([frontend_exposition(10, decoding=0), older])
+    assert one_silent is not None and one_silent.started is None
+
+
+def test_arrivals_rising_add_replicas_before_any_queue_and_a_counter_that_goes_back_starts_afresh() -> None:
+    """The frontends' counter grows 20 → 80 req/s over a minute of 5-s ticks with nothing queued: the
+    fast path adds replicas for the rate a startup ahead. A counter that falls (a frontend restarted)
+    is not read as arrivals: the readings start again."""
+    import math
+
+    import httpx
+
+    from fleetpilot.planner.observe import EngineGauges
+
+    planner, kube, body = fast_path_planner(EngineGauges(0, 0, 0), floor={"prefill": 2, "decode": 2},
+                                            replicas={"prefill": 2, "decode": 2})
+    state = body.pop("state")
+    planner.frontend_pods.upsert(frontend_pod("f-1", "10.0.0.1"))
+    clock = [0.0]
+    received = [0.0]
+    planner.clock = lambda: clock[0]
+    planner._http = httpx.AsyncClient(transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, text=frontend_exposition(received[0], decoding=4))))
+    growth = math.log(4.0) / 60.0
+    reactions = []
+    for tick in range(13):
+        clock[0] = 5.0 * tick
+        received[0] = 20.0 / growth * (math.exp(growth * clock[0]) - 1.0)  # the count of a 20·e^(gt) rate
+        reactions.append(asyncio.run(planner.react_graph(body, state)))
+    assert reactions[0] is not None and not reactions[0].changed  # the first reading has nothing before it
+    added = [r for r in reactions if r is not None and r.changed]
+    assert added and any("arrivals rising" in why for why in added[0].reasons)
+    assert kube.patches  # replicas asked for with no request queued
+    assert len(planner.arrivals[("ns", "g")].readings) == 12
+    received[0] = 5.0  # the frontend restarted: its counter went back
+    clock[0] += 5.0
+    asyncio.run(planner.react_graph(body, state))
+    assert planner.arrivals[("ns", "g")].readings == () and planner.arrivals[("ns", "g")].counted == 5.0
 
 
 def frontend_pod(name: str, ip: str, *, graph: str = "g", ready: bool = True) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from fleetpilot import perfmodel
@@ -174,3 +175,75 @@ def test_an_itl_target_below_the_floor_adds_no_decode_every_tick() -> None:
     assert not core.react(config, gauges(running=16), memory, floor=floor, capacity=MODEL).changed
     crowded = core.react(config, gauges(running=400), memory, floor=floor, capacity=MODEL)
     assert crowded.changed and crowded.replicas["decode"] == 3
+
+
+# -- the arrivals' trend -------------------------------------------------------------------------------
+
+
+def readings(rates: list[float], *, period_s: float = 5.0, seed: int | None = None) -> tuple[reactive.Reading, ...]:
+    """One reading per period at each rate: Poisson counts with a seed, the expected counts without."""
+    rng = np.random.default_rng(seed)
+    counts = [float(rng.poisson(r * period_s)) if seed is not None else r * period_s for r in rates]
+    return tuple(reactive.Reading(i * period_s, (i + 1) * period_s, n) for i, n in enumerate(counts))
+
+
+def test_steady_poisson_arrivals_are_rarely_a_trend() -> None:
+    """Five minutes of 5-s readings at a steady 20 req/s: the slope clears two standard errors in about
+    2.3% of windows (one-sided), and where it does, the projection's lower bound stays near the rate."""
+    trends = [reactive.rate_ahead(readings([20.0] * 60, seed=seed), lead_s=125.0) for seed in range(1000)]
+    fired = [t for t in trends if t is not None]
+    assert 5 <= len(fired) <= 40  # 2.3% of 1,000 is 23 (a standard deviation ~5): a test that can fail both ways
+    assert all(t.rate_ahead_rps < 24.0 for t in fired)
+
+
+def test_a_rising_load_is_projected_a_startup_ahead_below_where_it_goes() -> None:
+    """Arrivals rising 5 → 15 req/s over five minutes: the trend is seen, its slope recovered, and the
+    rate sized for lies between now's and the true one 125 s ahead (the projection's lower bound)."""
+    rates = [5.0 + 10.0 * (i + 0.5) / 60 for i in range(60)]
+    trend = reactive.rate_ahead(readings(rates, seed=7), lead_s=125.0)
+    assert trend is not None
+    assert trend.rise_rps_per_s == pytest.approx(10.0 / 300.0, rel=0.35)
+    assert 15.0 < trend.rate_ahead_rps < 15.0 + 125.0 * 10.0 / 300.0
+
+
+def test_traffic_returning_after_a_silence_is_a_trend() -> None:
+    """0.5 → 40 req/s over the window (a hockey stick): a trend whose lower bound a startup ahead is
+    above the rate the window began with many times over."""
+    rates = list(np.geomspace(0.5, 40.0, 60))
+    trend = reactive.rate_ahead(readings(rates, seed=3), lead_s=125.0)
+    assert trend is not None and trend.rate_ahead_rps > 20.0
+
+
+def test_a_falling_or_short_series_is_no_trend() -> None:
+    assert reactive.rate_ahead(readings(list(np.linspace(40.0, 10.0, 60)), seed=1), lead_s=125.0) is None
+    assert reactive.rate_ahead(readings([5.0, 10.0, 20.0]), lead_s=125.0) is None
+
+
+def test_readings_are_kept_for_the_window_and_restart_when_they_go_back() -> None:
+    kept: tuple[reactive.Reading, ...] = ()
+    for reading in readings([1.0] * 100):
+        kept = reactive.remember_arrivals(kept, reading, keep_s=300.0)
+    assert len(kept) == 60 and kept[0].start == pytest.approx(200.0)
+    assert reactive.remember_arrivals(kept, reactive.Reading(10.0, 15.0, 3.0), keep_s=300.0) == (
+        reactive.Reading(10.0, 15.0, 3.0),)
+    assert reactive.trend_window_s(startup_s=120.0, period_s=5.0) == reactive.TREND_WINDOW_S
+    assert reactive.trend_window_s(startup_s=600.0, period_s=5.0) == 605.0
+
+
+def test_a_trend_adds_what_it_needs_ahead_in_bounded_steps_and_only_up() -> None:
+    trend = reactive.Trend(rate_now_rps=10.0, rate_ahead_rps=20.0, lead_s=125.0, rise_rps_per_s=0.08)
+    reaction = reactive.react(gauges(running=8), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S, itl_target_s=ITL_S,
+                              floor={"prefill": 2, "decode": 2}, bounds=BOUNDS,
+                              ahead={"prefill": 6, "decode": 3}, trend=trend)
+    assert reaction.changed and dict(reaction.replicas) == {"prefill": 3, "decode": 3}
+    assert any("arrivals rising" in why for why in reaction.reasons)
+    # Fewer than the fleet runs: nothing to take away (scale-down stays with the plan).
+    calm = reactive.react(gauges(running=8, ready=(4, 4)), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S,
+                          itl_target_s=ITL_S, floor={"prefill": 4, "decode": 4}, bounds=BOUNDS,
+                          ahead={"prefill": 2, "decode": 2}, trend=trend)
+    assert not calm.changed and dict(calm.replicas) == {"prefill": 4, "decode": 4}
+    # Never past the max.
+    capped = reactive.react(gauges(running=8, ready=(8, 2)), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S,
+                            itl_target_s=ITL_S, floor={"prefill": 8, "decode": 2}, bounds={"prefill": (1, 9), "decode": (1, 16)},
+                            ahead={"prefill": 30, "decode": 2}, trend=trend)
+    assert capped.replicas["prefill"] == 9
