@@ -109,6 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="with --rate-scale above 1 on a request trace: each copy of the trace is another "
                             "tenant, shifted as a whole by up to SECONDS, so copies keep their bursts but not "
                             "each other's (default: every request's copies arrive within one mean gap)")
+    group.add_argument("--rate-reading", choices=("step", "smooth"), default=None,
+                       help="a ServeGen series: the rate within each window constant (step, the default: it "
+                            "jumps at every boundary) or smooth (a monotone cubic through the counts, each "
+                            "window's mean kept)")
     group.add_argument("--interval", type=float, default=None,
                        help="planning interval, s (default 60; 600 for a ServeGen series)")
     group.add_argument("--predictors", default="constant,arima,kalman,prophet", help="comma-separated")
@@ -144,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
     sources = [args.trace] if args.trace is not None else [graph.trace for graph in args.graph]
     if args.tenant_shift is not None and any(traces.file_format(path) == "servegen" for path in sources):
         raise SystemExit(f"fleetpilot planner backtest: {traces.NO_TENANTS_IN_A_RATE_SERIES}")
+    if args.rate_reading is not None and any(traces.file_format(path) != "servegen" for path in sources):
+        raise SystemExit("fleetpilot planner backtest: --rate-reading reads a ServeGen rate series; a request "
+                         "trace has each request's arrival time already: drop --rate-reading")
     if args.graph:
         return _run_budget(args, profile, predictors[0], timing)
     bounds: dict[FleetPool, tuple[int, int]] | None = None
@@ -155,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             scenario = evaluate.scenario_from_servegen(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
                 model=args.model, interval_s=args.interval or 600.0, startup_s=args.startup_seconds, bounds=bounds,
-                timing=timing, burn_in_s=burn_in_s)
+                timing=timing, burn_in_s=burn_in_s, reading=args.rate_reading or "step")
         else:
             scenario = evaluate.scenario_from_trace(
                 args.trace.stem, args.trace, profile=profile, sla=args.sla, rate_factor=args.rate_scale,
@@ -228,7 +235,8 @@ def _run_budget(args: argparse.Namespace, profile: Any, predictor: str, timing: 
         if traces.file_format(graph.trace) == "servegen":
             scenario = evaluate.scenario_from_servegen(
                 graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,
-                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed, timing=timing)
+                interval_s=interval_s, startup_s=args.startup_seconds, seed=seed, timing=timing,
+                reading=args.rate_reading or "step")
         else:
             scenario = evaluate.scenario_from_trace(
                 graph.name, graph.trace, profile=profile, sla=args.sla, rate_factor=graph.rate_scale,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from scipy.interpolate import PchipInterpolator
 
 from fleetpilot import perfmodel, plots, traces
 from fleetpilot.api import profile as profiles
@@ -275,9 +276,10 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
                            synthesis: traces.Synthesis | None = None, seed: int = 0,
                            bounds: Mapping[FleetPool, tuple[int, int]] | None = None,
                            timing: perfmodel.PerformanceModel | None = None,
-                           burn_in_s: float | None = 0.0) -> Scenario:
+                           burn_in_s: float | None = 0.0, reading: RateReading = "step") -> Scenario:
     """The ServeGen rate series as a fluid: Poisson arrival counts per step at rate × `rate_factor`,
-    lengths drawn from `synthesis` (the series has none); `burn_in_s` as in `scenario_from_trace`."""
+    lengths drawn from `synthesis` (the series has none); `burn_in_s` as in `scenario_from_trace`;
+    `reading`: how the rate runs within a window (`read_rates`)."""
     synthesis = synthesis or traces.Synthesis()
     windows = traces.load_rate_series(path, model=model)
     if not windows:
@@ -285,7 +287,7 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
         raise ValueError(f"{path.name} has no model {model!r}; it has {', '.join(present) or 'none'}")
     length = traces.window_length([w.t_start_s for w in windows])
     per = max(1, round(length / step_s))
-    step_rates = np.repeat([w.rate_rps * rate_factor for w in windows], per)
+    step_rates = read_rates([w.rate_rps * rate_factor for w in windows], per=per, reading=reading)
     counts = fluid.poisson_counts(step_rates, step_s=step_s, seed=seed)
     rng = np.random.default_rng(seed)
     isl = traces.draw_lengths(rng, synthesis.input_length, 4000)
@@ -300,6 +302,7 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
     return Scenario(
         name=name, fidelity="fluid", sla=sla, duration_s=duration, rates=rates, loads=loads,
         description=(f"{path.name} {model}, rate ×{rate_factor:g}: {len(windows):,} windows of {length:.0f} s "
+                     f"read {'as steps' if reading == 'step' else 'smooth (PCHIP through the counts)'} "
                      f"({duration / 86400:.0f} days), Poisson arrivals, mean {counts.sum() / duration:.1f} req/s "
                      f"(peak {step_rates.max():.1f}); lengths lognormal, ISL mean {synthesis.input_length.mean:g}, "
                      f"OSL mean {synthesis.output_length.mean:g}"),
@@ -310,6 +313,32 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
         step_s=step_s, isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl),
         burn_in_s=burn_in_s,
     )
+
+
+RateReading = Literal["step", "smooth"]
+RATE_READINGS: tuple[RateReading, ...] = ("step", "smooth")
+
+
+def read_rates(window_rates: Sequence[float], *, per: int, reading: RateReading) -> np.ndarray:
+    """The rate of each of `per` steps per window of a series of window means (pure).
+
+    A series of means says nothing of the rate within a window. "step": constant within each, so the
+    rate jumps at every boundary (within a second, at any size of jump). "smooth": the rate of a
+    monotone cubic (PCHIP) through the cumulative count at the windows' boundaries: each window keeps
+    its mean exactly, the rate is continuous where the counts allow and never negative.
+    """
+    rates = np.asarray(window_rates, dtype=float)
+    if reading == "step":
+        return np.repeat(rates, per)
+    if reading != "smooth":
+        raise ValueError(f"reading must be one of {', '.join(RATE_READINGS)}, got {reading!r}")
+    if len(rates) < 2:
+        return np.repeat(rates, per)
+    boundaries = np.arange(len(rates) + 1, dtype=float)
+    cumulative = PchipInterpolator(boundaries, np.concatenate(([0.0], np.cumsum(rates))))
+    counts = np.diff(cumulative(np.arange(len(rates) * per + 1) / per))
+    rates_within: np.ndarray = np.maximum(counts, 0.0) * per  # ≥ 0 up to rounding
+    return rates_within
 
 
 def default_timing() -> perfmodel.PerformanceModel:

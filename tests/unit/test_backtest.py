@@ -467,6 +467,33 @@ def test_a_tenant_shift_on_a_rate_series_is_a_one_line_error_naming_the_flag(tmp
     assert not (tmp_path / "backtest.md").exists()
 
 
+def test_a_rate_series_read_smooth_keeps_every_window_s_mean_and_has_no_jumps() -> None:
+    """Windows of 10, 40, 40, 5 req/s, ten steps each: read as steps the rate jumps 10 → 40 between two
+    steps; read smooth, each window's steps still average its mean, no step is negative, and the
+    largest change between neighbouring steps is a fraction of the jump."""
+    means = [10.0, 40.0, 40.0, 5.0]
+    step = evaluate.read_rates(means, per=10, reading="step")
+    smooth = evaluate.read_rates(means, per=10, reading="smooth")
+    assert list(step[:11]) == [10.0] * 10 + [40.0]
+    assert smooth.shape == (40,) and (smooth >= 0).all()
+    assert smooth.reshape(4, 10).mean(axis=1) == pytest.approx(means)
+    assert np.abs(np.diff(smooth)).max() < 0.5 * 30.0
+    assert smooth[9] > 10.0 and smooth[10] < 40.0  # the rise starts before the boundary and ends after it
+    with pytest.raises(ValueError, match="reading must be one of step, smooth"):
+        evaluate.read_rates(means, per=10, reading="linear")  # type: ignore[arg-type]
+
+
+def test_a_rate_reading_on_a_request_trace_is_a_one_line_error(tmp_path: Path) -> None:
+    from fleetpilot import cli
+
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["planner", "backtest", "--trace", str(TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"),
+                  "--sla", "ttft=500ms,itl=50ms,p=90", "--rate-reading", "smooth", "--out", str(tmp_path),
+                  "--profile", str(TRACES / "calibration" / "h200_llama31_8b_fp8_vllm")])
+    message = str(raised.value)
+    assert "\n" not in message and "--rate-reading" in message and "drop --rate-reading" in message
+
+
 def test_graphs_under_a_budget_take_the_tenant_shift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from fleetpilot import cli
 
