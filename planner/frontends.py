@@ -30,11 +30,6 @@ def phases(exposition: str) -> dict[str, float] | None:
     return _phases_and_started(exposition)[0]
 
 
-def started(exposition: str) -> float | None:
-    """Requests one frontend has received (its counter, summed over models), or None without the metric."""
-    return _phases_and_started(exposition)[1]
-
-
 def _phases_and_started(exposition: str) -> tuple[dict[str, float] | None, float | None]:
     """Both readings of one frontend's /metrics text, parsed once."""
     in_phase: dict[str, float] = {}

@@ -167,7 +167,8 @@ def test_the_frontends_counters_of_requests_received_are_summed_when_every_one_h
 
     both = frontends.gauges_from_expositions([frontend_exposition(120, decoding=3), frontend_exposition(30, decoding=0)])
     assert both is not None and both.started == 150.0 and both.decode_running == 3.0
-    assert frontends.started(frontend_exposition(7)) == 7.0  # the _total sample, not _created
+    seven = frontends.gauges_from_expositions([frontend_exposition(7, decoding=0)])
+    assert seven is not None and seven.started == 7.0  # the _total sample, not _created
     older = frontend_exposition(decoding=1).replace("fleetpilot_frontend_requests_started", "something_else")
     one_silent = frontends.gauges_from_expositions([frontend_exposition(10, decoding=0), older])
     assert one_silent is not None and one_silent.started is None
