@@ -7,9 +7,10 @@ makes it right on whatever trace it meets, with nothing set per trace:
 
 1. **Conformal scores.** Each realised value becomes a score, its error in units of the model's own
    spread: `(realised − mean) / spread`. The calibrated q-quantile of a new forecast is
-   `mean + spread × (the q-th empirical quantile of the last SCORE_WINDOW scores)`: split conformal
-   prediction on a rolling window, so a predictor whose spread is too narrow (or too wide) by any
-   factor, or whose errors are skewed (bursts above, never below), is corrected.
+   `mean + spread × (the q-th empirical quantile of the last scores)`: split conformal prediction on
+   a rolling window, so a predictor whose spread is too narrow (or too wide) by any factor, or whose
+   errors are skewed (bursts above, never below), is corrected. The window is SCORE_WINDOW scores,
+   or as many as the level needs to be told apart from the largest score (`score_window`).
 2. **Adaptive level** (Gibbs & Candès, "Adaptive Conformal Inference Under Distribution Shift",
    2021). The level read off the scores is not q itself but a level that moves after each outcome:
    up by STEP_SIZE × q after a miss, down by STEP_SIZE × (1 − q) after a hit. Its long-run miss rate
@@ -36,6 +37,12 @@ import numpy as np
 # Recent scores kept: a day of 10-minute intervals, 2.4 hours of one-minute ones. Long enough to
 # resolve a 0.99 quantile, short enough to forget a regime that ended.
 SCORE_WINDOW: Final = 144
+# A level q is resolved by q / (1 − q) scores (0.999: 999): a window of SCORE_WINDOW reads every level
+# above 0.993 as its largest score, and the risks from there to the API's 0.999 all bought the same fleet
+# (ServeGen m-large: 0.995, 0.9975 and 0.99875 within 0.2% of each other, none meeting the SLA). A level
+# that needs more scores reads that many, up to the last MAX_SCORE_WINDOW; the levels below keep the
+# day-long window, which forgets a regime that ended.
+MAX_SCORE_WINDOW: Final = 1000
 # How far one outcome moves the adaptive level (Gibbs & Candès' γ). Chosen on synthetic streams (a
 # change of noise level, tests/unit/test_conformal.py), not on any trace: 0.005, their choice for
 # series of thousands of points, takes hundreds of intervals to follow a change.
@@ -57,6 +64,11 @@ REPORTED_LEVELS: Final = (0.5, 0.9, 0.99)
 def _check_level(q: float) -> None:
     if not 0 < q < 1:
         raise ValueError(f"quantile level must lie in (0, 1), got {q}")
+
+
+def score_window(q: float) -> int:
+    """How many of the latest scores the q-quantile is read from: SCORE_WINDOW, or as many as resolve q."""
+    return min(MAX_SCORE_WINDOW, max(SCORE_WINDOW, math.ceil(q / (1.0 - q) - 1e-9)))
 
 
 def _spread(mean: float, spread: float, floor: float) -> float:
@@ -92,7 +104,7 @@ def quantile(calibration: Calibration, mean: float, spread: float, q: float, *, 
     """
     _check_level(q)
     scale = _spread(mean, spread, floor)
-    scores = calibration.scores
+    scores = calibration.scores[-score_window(q):]
     level = calibration.level(q)
     gaussian = statistics.NormalDist().inv_cdf(q)
     n = len(scores)
@@ -131,7 +143,7 @@ def update(calibration: Calibration, mean: float, spread: float, realised: float
         new_levels[q] = min(1.0, max(0.0, own + STEP_SIZE * (miss - (1.0 - q))))
         new_hits[q] = (*calibration.hits.get(q, ()), covered)[-COVERAGE_WINDOW:]
     score = (realised - mean) / _spread(mean, spread, floor)
-    return Calibration(scores=(*calibration.scores, score)[-SCORE_WINDOW:], levels=new_levels, hits=new_hits)
+    return Calibration(scores=(*calibration.scores, score)[-MAX_SCORE_WINDOW:], levels=new_levels, hits=new_hits)
 
 
 def coverages(calibration: Calibration) -> Mapping[float, float]:
