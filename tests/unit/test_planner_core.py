@@ -8,7 +8,7 @@ import math
 import pytest
 
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import capacity, core, lengths, live, predict
+from fleetpilot.planner import capacity, core, lengths, live, predict, sizing
 
 
 @pytest.fixture(scope="module")
@@ -294,6 +294,37 @@ def test_a_fleet_no_cautious_forecast_needs_goes_down_without_the_hold_once_the_
     assert all(dict(p.replicas) == {"prefill": 16, "decode": 16} for p in plans[:cut])
     after = [p.replicas["prefill"] for p in plans[cut:]]
     assert after == sorted(after, reverse=True) and after[-1] >= 1  # down once, never back up on a flat load
+
+
+def test_planning_at_a_rare_risk_a_scale_down_skips_the_hold_only_as_far_as_a_rarer_quantile_allows(
+    model: capacity.CapacityModel,
+) -> None:
+    """Risk 0.995 on a flat load whose errors, a thousand intervals back, once ran twenty spreads over:
+    the risk's own quantile (the last 199 scores) no longer sees that surge, a quantile ten times rarer
+    (all 1,000) does. Sixteen replicas of each go down at once only to what the rarer one needs, not to
+    what the plan itself sizes for (which, as the cautious quantile, would skip every hold)."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    scores = [float(s) for s in 0.3 * rng.standard_normal(1000)]
+    scores[100] = 20.0
+    calibration = core.conformal.Calibration(scores=tuple(scores))
+    memory = core.GraphMemory(rates=(10.0,) * 60, isls=(2000.0,) * 60, osls=(200.0,) * 60,
+                              forecast_calibration=dict.fromkeys(core.LOADS, calibration))
+    cfg = dataclasses.replace(config(max_replicas=32, risk=0.995), hold_s=3600.0)
+    plan, _ = core.plan_interval(cfg, seen(10.0), memory, current={"prefill": 16, "decode": 16}, capacity=model,
+                                 now=0.0)
+    assert plan.predicted is not None
+    rarer = core.cautious_risk(0.995)
+    assert 0.995 < rarer < 1.0 and core.cautious_risk(0.9) == core.CAUTIOUS_RISK
+    forecast = core.PendingForecast((10.0,), (0.0,), 2000.0, 200.0, level=10.0)
+    cautious = core.load_at_risk(forecast, memory, risk=rarer, burst=1.0)
+    assert cautious.rate_rps > 1.5 * plan.predicted.rate_rps  # the surge, seen by the rarer quantile alone
+    needs = sizing.size(dataclasses.replace(cautious, isl_mix=None, osl_mix=None), model, cfg.sla,
+                        core.sizing_corrections(cfg, memory)).replicas
+    assert needs["prefill"] > sizing.size(dataclasses.replace(plan.predicted, isl_mix=None, osl_mix=None), model,
+                                          cfg.sla, core.sizing_corrections(cfg, memory)).replicas["prefill"]
+    assert plan.replicas["prefill"] >= needs["prefill"] and plan.replicas["prefill"] < 16
 
 
 def test_a_surprise_in_the_first_intervals_does_not_size_the_fleet_for_many_times_the_peak(
