@@ -34,8 +34,8 @@ from typing import Final
 
 import numpy as np
 
-# Recent scores kept: a day of 10-minute intervals, 2.4 hours of one-minute ones. Long enough to
-# resolve a 0.99 quantile, short enough to forget a regime that ended.
+# Recent scores a level up to 0.993 reads: a day of 10-minute intervals, 2.4 hours of one-minute ones.
+# Long enough to resolve a 0.99 quantile, short enough to forget a regime that ended.
 SCORE_WINDOW: Final = 144
 # A level q is resolved by q / (1 − q) scores (0.999: 999): a window of SCORE_WINDOW reads every level
 # above 0.993 as its largest score, and the risks from there to the API's 0.999 all bought the same fleet
@@ -121,11 +121,14 @@ def quantile(calibration: Calibration, mean: float, spread: float, q: float, *, 
 
 
 def update(calibration: Calibration, mean: float, spread: float, realised: float,
-           levels: Iterable[float] = REPORTED_LEVELS, *, floor: float = 0.0) -> Calibration:
+           levels: Iterable[float] = REPORTED_LEVELS, *, floor: float = 0.0,
+           keep: int = MAX_SCORE_WINDOW) -> Calibration:
     """The calibration after one outcome: the forecast (`mean`, `spread`) met `realised`.
 
     Each tracked level (those given, and any tracked before) records whether the quantile it gave
-    before this outcome covered it and moves its adaptive level; then the score joins the window.
+    before this outcome covered it and moves its adaptive level; then the score joins the window,
+    which keeps the latest `keep` scores (at least SCORE_WINDOW): the caller says how rare a level
+    it reads (`score_window`), and a graph planned at the default risk keeps a day's scores, not 1,000.
     """
     if not (math.isfinite(mean) and math.isfinite(spread) and math.isfinite(realised)):
         return calibration
@@ -143,7 +146,8 @@ def update(calibration: Calibration, mean: float, spread: float, realised: float
         new_levels[q] = min(1.0, max(0.0, own + STEP_SIZE * (miss - (1.0 - q))))
         new_hits[q] = (*calibration.hits.get(q, ()), covered)[-COVERAGE_WINDOW:]
     score = (realised - mean) / _spread(mean, spread, floor)
-    return Calibration(scores=(*calibration.scores, score)[-MAX_SCORE_WINDOW:], levels=new_levels, hits=new_hits)
+    kept = min(MAX_SCORE_WINDOW, max(SCORE_WINDOW, keep))
+    return Calibration(scores=(*calibration.scores, score)[-kept:], levels=new_levels, hits=new_hits)
 
 
 def coverages(calibration: Calibration) -> Mapping[float, float]:

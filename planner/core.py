@@ -566,6 +566,8 @@ def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: f
     """Score the pending forecasts against this interval's loads (pure): each pending forecast made k
     intervals ago meets its step k − 1; the calibration of each load takes every outcome in turn."""
     levels = (*conformal.REPORTED_LEVELS, risk)
+    # The scores the rarest quantile the plan reads needs (its risk's, or the cautious one's).
+    keep = max(conformal.score_window(q) for q in (*levels, cautious_risk(risk)))
     calibrations = dict(memory.forecast_calibration)
     for index, pending in enumerate(memory.pending):  # oldest first: outcomes in the order they were forecast
         age = len(memory.pending) - 1 - index
@@ -575,7 +577,8 @@ def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: f
             mean, spread = pending.load(name, age)
             realised = rate * load_length(name, isl or pending.isl, osl or pending.osl)
             calibrations[name] = conformal.update(calibrations.get(name, conformal.Calibration()),
-                                                  mean, spread, realised, levels, floor=pending.floor(name))
+                                                  mean, spread, realised, levels, floor=pending.floor(name),
+                                                  keep=keep)
     return dataclasses.replace(memory, forecast_calibration=calibrations)
 
 
