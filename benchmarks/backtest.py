@@ -191,7 +191,8 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
          "two-loop planner."), "",
         ("A policy **meets the SLA** when at least 90% of the servable requests meet both TTFT and mean ITL targets "
          "and no 5-minute window falls below 85%. Each cell: the GPU-hours a policy needs to meet the SLA (read "
-         "off its knob sweep, between the two settings around the target) divided by the oracle's; the oracle "
+         "off its knob sweep, from the dearest setting that missed the target to the cheapest that met it) "
+         "divided by the oracle's; the oracle "
          "knows the trace and sizes each interval for a share of its requests, asked for one startup ahead. "
          "Lower is better; below 1 would undercut the oracle (flagged in the detail). `*`: the sweep did not "
          "bracket the target, so the figure is an end of the sweep, not an interpolation. Replica bounds scale "

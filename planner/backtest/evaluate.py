@@ -770,8 +770,8 @@ def markdown_section(scenario: Scenario, groups_done: Mapping[str, GroupResult],
         lines.append(f"| {name} | {_fmt(s.gpu_hours_at_target)} | {_fmt(ratio)} | {_fmt(s.at_99.gpu_hours)} "
                      f"| {s.best_effective:.1%} | {where} | {flags(s)} |")
     lines += ["", ("Score: request-level attainment, capped at the worst 5-minute window + 5 points; the SLA is "
-                   f"met at {target:.0%}. GPU-hours to meet it are interpolated between the two sweep settings "
-                   "around the target."), "",
+                   f"met at {target:.0%}. GPU-hours to meet it are interpolated from the dearest sweep setting "
+                   "that missed the target to the cheapest that met it."), "",
               "### Every sweep point", "",
               ("| policy | knob | GPU-hours | requests met | worst 5 min | score | intervals met | good req / GPU-h "
                "| actions | failed |"), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

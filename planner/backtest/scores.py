@@ -124,15 +124,22 @@ class CostToMeet:
 
 def cost_to_meet(points: Sequence[tuple[float, float]], target: float) -> CostToMeet:
     """`points` are (GPU-hours, effective score) of a sweep. The cost at which the best score reachable for
-    at most that cost crosses `target`, linear between the two settings around it."""
+    at most that cost crosses `target`, linear from the dearest setting that missed it to the cheapest
+    that met it.
+
+    A dearer setting that scored no better still missed: spending its GPU-hours did not meet the SLA, so
+    the line starts there, at the best score reached so far. Skipping it would draw the line across a
+    plateau and read a cost the sweep showed to be too little.
+    """
     ordered = sorted(points)
     if not ordered:
         return CostToMeet(None, False, "no runs")
     best = -math.inf
     previous: tuple[float, float] | None = None
     for cost, score in ordered:
-        if score <= best:
-            continue  # a dearer setting that did no better: off the curve
+        if score < target and score <= best:
+            previous = (cost, best)  # spent more, reached no more: the plateau runs at least this far
+            continue
         if score >= target:
             if previous is None:
                 return CostToMeet(cost, False, "even the cheapest setting met the SLA: its cost is an upper bound")

@@ -79,10 +79,27 @@ def test_cost_to_meet_says_when_the_sweep_does_not_bracket_the_target() -> None:
     assert never.gpu_hours is None and "70.0%" in never.note
 
 
-def test_a_dearer_setting_that_scores_worse_is_off_the_curve() -> None:
-    # 16 GPU-h scored below 12 GPU-h: the curve goes 12 → 20, and the crossing lies between them.
+def test_a_dearer_setting_that_missed_starts_the_line_however_it_scored() -> None:
+    # 16 GPU-h scored below 12 GPU-h: the best reachable for 16 is still 0.85, and 16 did not meet the
+    # SLA, so the crossing lies between 16 and 20, not between 12 and 20.
     found = scores.cost_to_meet([(12.0, 0.85), (16.0, 0.80), (20.0, 0.95)], target=0.9)
-    assert found.gpu_hours == pytest.approx(12 + (0.05 / 0.10) * 8)
+    assert found.gpu_hours == pytest.approx(16 + (0.05 / 0.10) * 4)
+
+
+def test_a_plateau_is_read_from_its_dearest_setting() -> None:
+    # Three settings bought nothing over the cheapest: the cost to meet is read from the last of them.
+    plateau = [(10.0, 0.87), (12.0, 0.87), (14.0, 0.87), (20.0, 0.95)]
+    found = scores.cost_to_meet(plateau, target=0.9)
+    assert found.bracketed
+    assert found.gpu_hours == pytest.approx(14 + (0.03 / 0.08) * 6)
+    across_the_plateau = scores.cost_to_meet([plateau[0], plateau[-1]], target=0.9).gpu_hours
+    assert found.gpu_hours is not None and across_the_plateau is not None
+    assert found.gpu_hours > across_the_plateau
+
+
+def test_a_dearer_setting_that_also_met_does_not_move_the_crossing() -> None:
+    found = scores.cost_to_meet([(10.0, 0.8), (20.0, 0.95), (30.0, 0.93)], target=0.9)
+    assert found.gpu_hours == pytest.approx(10 + (0.10 / 0.15) * 10)
 
 
 def test_lone_latencies_compute_each_distinct_length_pair_once() -> None:
