@@ -66,9 +66,21 @@ def _check_level(q: float) -> None:
         raise ValueError(f"quantile level must lie in (0, 1), got {q}")
 
 
+def scores_to_resolve(q: float) -> int:
+    """How many scores split conformal needs for a finite q-quantile: with fewer, the bound it gives is
+    no score at all, and reading the largest one instead claims a coverage nothing has shown."""
+    _check_level(q)
+    return math.ceil(q / (1.0 - q) - 1e-9)
+
+
+def resolvable(q: float) -> bool:
+    """Whether the scores a calibration ever keeps (MAX_SCORE_WINDOW) resolve the q-quantile."""
+    return scores_to_resolve(q) <= MAX_SCORE_WINDOW
+
+
 def score_window(q: float) -> int:
     """How many of the latest scores the q-quantile is read from: SCORE_WINDOW, or as many as resolve q."""
-    return min(MAX_SCORE_WINDOW, max(SCORE_WINDOW, math.ceil(q / (1.0 - q) - 1e-9)))
+    return min(MAX_SCORE_WINDOW, max(SCORE_WINDOW, scores_to_resolve(q)))
 
 
 def _spread(mean: float, spread: float, floor: float) -> float:

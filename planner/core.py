@@ -58,12 +58,19 @@ CAUTIOUS_RISK = 0.99
 CAUTIOUS_RARER = 10.0
 
 
-def cautious_risk(risk: float) -> float:
+def cautious_risk(risk: float) -> float | None:
     """The quantile that lets a scale-down skip the hold: rarer than the planning risk's, or it would be
     the very load the plan sized for, and at risk 0.99 and above every scale-down would skip the hold
     (ServeGen m-large at 0.99875: 2 → 1 prefill one interval after 23.5 req/s, then a step back to 23.9
-    met one replica)."""
-    return max(CAUTIOUS_RISK, 1.0 - (1.0 - risk) / CAUTIOUS_RARER)
+    met one replica).
+
+    None where that level is rarer than the scores a calibration keeps can resolve (planning above risk
+    0.99): read as the largest score kept, it claimed a safety nothing had shown (m-large at 0.99875: the
+    largest of 685 scores, 3.6 spreads, cut prefill 2 → 1 and a load 5 spreads over the forecast came).
+    Every scale-down then waits for the hold.
+    """
+    level = max(CAUTIOUS_RISK, 1.0 - (1.0 - risk) / CAUTIOUS_RARER)
+    return level if conformal.resolvable(level) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -567,7 +574,8 @@ def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: f
     intervals ago meets its step k − 1; the calibration of each load takes every outcome in turn."""
     levels = (*conformal.REPORTED_LEVELS, risk)
     # The scores the rarest quantile the plan reads needs (its risk's, or the cautious one's).
-    keep = max(conformal.score_window(q) for q in (*levels, cautious_risk(risk)))
+    cautious = cautious_risk(risk)
+    keep = max(conformal.score_window(q) for q in (*levels, *(() if cautious is None else (cautious,))))
     calibrations = dict(memory.forecast_calibration)
     for index, pending in enumerate(memory.pending):  # oldest first: outcomes in the order they were forecast
         age = len(memory.pending) - 1 - index
@@ -706,11 +714,13 @@ def plan_interval(
     pending = PendingForecast(forecast.mean, tuple(forecast.spread(i) for i in range(len(forecast.mean))), isl, osl,
                               level=recent_mean(memory.rates), scored=len(memory.rates) >= SCORED_FROM_INTERVALS)
     load = load_at_risk(pending, memory, risk=config.risk, burst=burst)
-    cautious = load_at_risk(pending, memory, risk=cautious_risk(config.risk), burst=burst)
+    cautious_level = cautious_risk(config.risk)
+    cautious = None if cautious_level is None else load_at_risk(pending, memory, risk=cautious_level, burst=burst)
     if config.length_mix:
         isl_mix, osl_mix = recent_mix(memory.isl_histograms, isl), recent_mix(memory.osl_histograms, osl)
         load = dataclasses.replace(load, isl_mix=isl_mix, osl_mix=osl_mix)
-        cautious = dataclasses.replace(cautious, isl_mix=isl_mix, osl_mix=osl_mix)
+        if cautious is not None:
+            cautious = dataclasses.replace(cautious, isl_mix=isl_mix, osl_mix=osl_mix)
     memory = dataclasses.replace(memory, pending=(*memory.pending, pending)[-config.horizon_steps:])
     serving = ready if ready is not None else current
     estimate = interval_corrections(config, capacity, observation, serving, burst=interval_burst)
@@ -741,7 +751,7 @@ def plan_interval(
     scored = min((len(memory.forecast_calibration[name].scores) if name in memory.forecast_calibration else 0)
                  for name in LOADS)
     safe = (size(cautious, capacity, config.sla, corrections, most=most).replicas
-            if scored >= conformal.MIN_SCORES else None)
+            if cautious is not None and scored >= conformal.MIN_SCORES else None)
 
     def constrained(budget: int | None) -> sizing.Decision:
         return sizing.constrain(

@@ -207,14 +207,15 @@ def test_the_rarest_levels_the_api_accepts_are_resolved_not_read_as_the_largest_
 
 def test_a_graph_keeps_only_the_scores_its_rarest_quantile_reads() -> None:
     """Three hundred intervals of noisy load: at the default risk a graph's calibration keeps the last
-    SCORE_WINDOW scores per load (a day's, what its 0.99 cautious quantile reads), at risk 0.995 every
-    one of them (its cautious quantile, ten times rarer, reads up to MAX_SCORE_WINDOW); 1,000 graphs
-    at the default do not carry 1,000 scores each."""
+    SCORE_WINDOW scores per load (a day's, what its 0.99 cautious quantile reads), at risk 0.99 every
+    one of them (its cautious quantile, ten times rarer, reads up to MAX_SCORE_WINDOW), at risk 0.995
+    the 199 its own level reads (its cautious level no window resolves, `core.cautious_risk`); 1,000
+    graphs at the default do not carry 1,000 scores each."""
     model = capacity.CapacityModel(live.simulator_profile(1))
     rng = np.random.default_rng(2)
     rates = [float(r) for r in 10.0 + rng.standard_normal(300)]
     kept = {}
-    for risk in (0.9, 0.995):
+    for risk in (0.9, 0.99, 0.995):
         memory, current = core.GraphMemory(), {"prefill": 2, "decode": 2}
         for k, rate in enumerate(rates):
             observation = core.Observation(time=60.0 * k, rate_rps=rate, isl=2000, osl=200, ttft_s=0.2, itl_s=0.02)
@@ -223,4 +224,5 @@ def test_a_graph_keeps_only_the_scores_its_rarest_quantile_reads() -> None:
             current = dict(plan.replicas)
         kept[risk] = {len(c.scores) for c in memory.forecast_calibration.values()}
     assert kept[0.9] == {conformal.SCORE_WINDOW}
-    assert min(kept[0.995]) > 250
+    assert min(kept[0.99]) > 250
+    assert kept[0.995] == {conformal.scores_to_resolve(0.995)}

@@ -299,24 +299,17 @@ def test_a_fleet_no_cautious_forecast_needs_goes_down_without_the_hold_once_the_
 def test_planning_at_a_rare_risk_a_scale_down_skips_the_hold_only_as_far_as_a_rarer_quantile_allows(
     model: capacity.CapacityModel,
 ) -> None:
-    """Risk 0.995 on a flat load whose errors, a thousand intervals back, once ran twenty spreads over:
-    the risk's own quantile (the last 199 scores) no longer sees that surge, a quantile ten times rarer
-    (all 1,000) does. Sixteen replicas of each go down at once only to what the rarer one needs, not to
-    what the plan itself sizes for (which, as the cautious quantile, would skip every hold)."""
-    import numpy as np
-
-    rng = np.random.default_rng(3)
-    scores = [float(s) for s in 0.3 * rng.standard_normal(1000)]
-    scores[100] = 20.0
-    calibration = core.conformal.Calibration(scores=tuple(scores))
-    memory = core.GraphMemory(rates=(10.0,) * 60, isls=(2000.0,) * 60, osls=(200.0,) * 60,
-                              forecast_calibration=dict.fromkeys(core.LOADS, calibration))
-    cfg = dataclasses.replace(config(max_replicas=32, risk=0.995), hold_s=3600.0)
+    """Risk 0.99 on a flat load whose errors, nine hundred intervals back, once ran twenty spreads over:
+    the risk's own quantile (the last 144 scores) no longer sees that surge, a quantile ten times rarer
+    (the last 999) does. Sixteen replicas of each go down at once only to what the rarer one needs, not
+    to what the plan itself sizes for (which, as the cautious quantile, would skip every hold)."""
+    memory = _surge_long_ago()
+    cfg = dataclasses.replace(config(max_replicas=32, risk=0.99), hold_s=3600.0)
     plan, _ = core.plan_interval(cfg, seen(10.0), memory, current={"prefill": 16, "decode": 16}, capacity=model,
                                  now=0.0)
     assert plan.predicted is not None
-    rarer = core.cautious_risk(0.995)
-    assert 0.995 < rarer < 1.0 and core.cautious_risk(0.9) == core.CAUTIOUS_RISK
+    rarer = core.cautious_risk(0.99)
+    assert rarer is not None and 0.99 < rarer < 1.0 and core.cautious_risk(0.9) == core.CAUTIOUS_RISK
     forecast = core.PendingForecast((10.0,), (0.0,), 2000.0, 200.0, level=10.0)
     cautious = core.load_at_risk(forecast, memory, risk=rarer, burst=1.0)
     assert cautious.rate_rps > 1.5 * plan.predicted.rate_rps  # the surge, seen by the rarer quantile alone
@@ -325,6 +318,36 @@ def test_planning_at_a_rare_risk_a_scale_down_skips_the_hold_only_as_far_as_a_ra
     assert needs["prefill"] > sizing.size(dataclasses.replace(plan.predicted, isl_mix=None, osl_mix=None), model,
                                           cfg.sla, core.sizing_corrections(cfg, memory)).replicas["prefill"]
     assert plan.replicas["prefill"] >= needs["prefill"] and plan.replicas["prefill"] < 16
+
+
+def test_planning_at_a_risk_whose_rarer_quantile_no_window_resolves_every_scale_down_waits_for_the_hold(
+    model: capacity.CapacityModel,
+) -> None:
+    """At risk 0.995 the cautious level is 0.9995, which 1,999 scores resolve and a calibration keeps at
+    most 1,000: read as the largest of them it would claim a safety nothing has shown. The same surplus
+    that goes down at once at risk 0.99 waits for the hold."""
+    assert core.cautious_risk(0.995) is None and core.cautious_risk(0.99) is not None
+    cfg = dataclasses.replace(config(max_replicas=32, risk=0.995), hold_s=3600.0)
+    plan, _ = core.plan_interval(cfg, seen(10.0), _surge_long_ago(), current={"prefill": 16, "decode": 16},
+                                 capacity=model, now=0.0)
+    assert plan.predicted is not None
+    assert sizing.size(dataclasses.replace(plan.predicted, isl_mix=None, osl_mix=None), model, cfg.sla,
+                       core.sizing_corrections(cfg, _surge_long_ago())).replicas["prefill"] < 16
+    assert dict(plan.replicas) == {"prefill": 16, "decode": 16}
+    assert not any("at once" in r for r in plan.reasons)
+
+
+def _surge_long_ago() -> core.GraphMemory:
+    """A flat load whose forecast errors, scored a thousand times, once (900 intervals ago) ran twenty
+    spreads over."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    scores = [float(s) for s in 0.3 * rng.standard_normal(1000)]
+    scores[100] = 20.0
+    calibration = core.conformal.Calibration(scores=tuple(scores))
+    return core.GraphMemory(rates=(10.0,) * 60, isls=(2000.0,) * 60, osls=(200.0,) * 60,
+                            forecast_calibration=dict.fromkeys(core.LOADS, calibration))
 
 
 def test_a_surprise_in_the_first_intervals_does_not_size_the_fleet_for_many_times_the_peak(
