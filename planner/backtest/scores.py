@@ -137,7 +137,7 @@ def cost_to_meet(points: Sequence[tuple[float, float]], target: float) -> CostTo
     best = -math.inf
     previous: tuple[float, float] | None = None
     for cost, score in ordered:
-        if score < target and score <= best:
+        if score <= best:
             previous = (cost, best)  # spent more, reached no more: the plateau runs at least this far
             continue
         if score >= target:
