@@ -198,7 +198,8 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
          "bracket the target, so the figure is an end of the sweep, not an interpolation. Replica bounds scale "
          "with each trace's busiest interval (4× the planner's sizing, at least 8, and at least twice the "
          "oracle's largest need); the detail flags any "
-         f"policy that touched one. The first {evaluate.BURN_IN_S / 60:g} minutes of every trace are replayed as "
+         f"policy that touched one. The first {evaluate.BURN_IN_S / 60:g} minutes of every trace (or "
+         f"{evaluate.BURN_IN_INTERVALS} planning intervals, where that is longer: ServeGen's ten-minute ones) are replayed as "
          "every policy's history (a burn-in: a running planner warm-starts from Prometheus, a replay would "
          "otherwise start each causal policy knowing nothing) and are neither scored nor costed, for any policy "
          "or the oracle."), "",

@@ -16,6 +16,9 @@ makes it right on whatever trace it meets, with nothing set per trace:
    up by STEP_SIZE × q after a miss, down by STEP_SIZE × (1 − q) after a hit. Its long-run miss rate
    is 1 − q whatever the scores do, and after a change of regime (noise doubling) it reacts within a
    few misses instead of waiting for the window to turn over.
+3. **Rises, at rare levels** (`rise_quantile`). A level rarer than the day window resolves (above 0.993)
+   is also bounded by the same conformal quantile of how far the series rose within the horizon, as a
+   multiple of where it started: scores kept for a week mean one thing in spreads, many in ratios.
 
 Until the window holds MIN_SCORES scores the quantile is the model's Gaussian one; after that, until it
 holds enough to resolve a level (n ≥ q / (1 − q)), the larger of the model's and the largest score
@@ -29,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import numpy as np
@@ -81,6 +84,37 @@ def resolvable(q: float) -> bool:
 def score_window(q: float) -> int:
     """How many of the latest scores the q-quantile is read from: SCORE_WINDOW, or as many as resolve q."""
     return min(MAX_SCORE_WINDOW, max(SCORE_WINDOW, scores_to_resolve(q)))
+
+
+def rare(q: float) -> bool:
+    """Whether the q-quantile needs more scores than the day window (SCORE_WINDOW) holds: above 0.993."""
+    return scores_to_resolve(q) > SCORE_WINDOW
+
+
+def rise_quantile(rates: Sequence[float], steps: int, q: float, *, least: float = 0.0) -> float | None:
+    """The q-quantile of how far the series rose within `steps` intervals of each recent interval, as a
+    multiple of that interval's value; None before MIN_SCORES rises are known.
+
+    Why: a rare level is read from up to MAX_SCORE_WINDOW scores, and over that many intervals an error
+    counted in the model's spread loses its unit (a calm stretch shrinks the spread, and the next jump
+    scores many of them, or a wild stretch widens it and a jump scores few). A rise counted as a
+    multiple of where it started is the same quantity in a calm week and a busy one, which is how the
+    traffic of a fleet jumps: ServeGen m-mid goes up by half in one interval at 1,100 req/s and at 1,500.
+    Split conformal again, on these ratios: covers q of exchangeable rises, with nothing set per series.
+    Intervals at or under `least` start no rise (a ratio to a near-silence measures nothing).
+    """
+    _check_level(q)
+    series = np.asarray(rates, dtype=float)
+    if steps < 1 or len(series) <= steps:
+        return None
+    starts = series[:-steps]
+    ahead = np.lib.stride_tricks.sliding_window_view(series[1:], steps).max(axis=1)
+    counted = starts > max(least, 0.0)
+    rises = (ahead[counted] / starts[counted])[-score_window(q):]
+    n = len(rises)
+    if n < MIN_SCORES:
+        return None
+    return float(np.quantile(rises, min(1.0, q * (n + 1) / n), method="higher"))
 
 
 def _spread(mean: float, spread: float, floor: float) -> float:

@@ -75,6 +75,10 @@ FLUID_SUB_STEP_S = 0.5
 # minutes: longer than the longest startup replayed (600 s), short beside an hour; a replay shorter than
 # three of them gets none (`default_burn_in`).
 BURN_IN_S = 600.0
+# ... and at least this many planning intervals: ten minutes is one ServeGen interval, and a planner that
+# has seen one interval plans from the model's guess alone (m-mid's first window failed for fleetpilot
+# at every risk), where the live one warm-starts with a week of rates.
+BURN_IN_INTERVALS = 10
 MAX_EXTENSIONS = 3  # steps a sweep may take past each end of its knob list
 
 KNOB_NAMES = {"static-peak": "load factor", "static-mean": "load factor", "hpa": "target utilisation",
@@ -204,7 +208,7 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
     if not requests:
         raise ValueError(f"{path}: no requests in the chosen window")
     duration = duration_s or math.ceil(requests[-1].arrival_s / interval_s) * interval_s
-    burn_in_s = _checked_burn_in(burn_in_s, duration)
+    burn_in_s = _checked_burn_in(burn_in_s, duration, interval_s)
     count = max(1, math.ceil(duration / interval_s))
     arrivals = np.array([r.arrival_s for r in requests])
     isl = np.array([r.input_tokens for r in requests], dtype=float)
@@ -240,14 +244,16 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
     )
 
 
-def default_burn_in(duration_s: float) -> float:
-    """`BURN_IN_S` for a replay of three of them or more; none for a shorter one, which it would mostly eat."""
-    return BURN_IN_S if duration_s >= 3 * BURN_IN_S else 0.0
+def default_burn_in(duration_s: float, *, interval_s: float) -> float:
+    """`BURN_IN_S` or `BURN_IN_INTERVALS` planning intervals, whichever is longer, for a replay of three
+    of them or more; none for a shorter one, which it would mostly eat."""
+    burn_in = max(BURN_IN_S, BURN_IN_INTERVALS * interval_s)
+    return burn_in if duration_s >= 3 * burn_in else 0.0
 
 
-def _checked_burn_in(burn_in_s: float | None, duration_s: float) -> float:
+def _checked_burn_in(burn_in_s: float | None, duration_s: float, interval_s: float) -> float:
     if burn_in_s is None:
-        return default_burn_in(duration_s)
+        return default_burn_in(duration_s, interval_s=interval_s)
     if not 0.0 <= burn_in_s < duration_s:
         raise ValueError(f"burn-in {burn_in_s:g} s must be at least 0 and shorter than the replay "
                          f"({duration_s:g} s): shorten it or replay more of the trace")
@@ -293,7 +299,7 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
     isl = traces.draw_lengths(rng, synthesis.input_length, 4000)
     osl = traces.draw_lengths(rng, synthesis.output_length, 4000)
     duration = len(counts) * step_s
-    burn_in_s = _checked_burn_in(burn_in_s, duration)
+    burn_in_s = _checked_burn_in(burn_in_s, duration, interval_s)
     per_interval = max(1, round(interval_s / step_s))
     rates = counts.reshape(-1, per_interval).sum(axis=1) / interval_s
     loads = tuple(policies.IntervalLoad(float(r), float(isl.mean()), float(osl.mean())) for r in rates)

@@ -150,8 +150,11 @@ def test_a_run_is_scored_and_costed_only_after_its_burn_in() -> None:
 
 
 def test_a_short_replay_gets_no_burn_in_and_a_long_one_the_default(tmp_path: Path) -> None:
-    assert evaluate.default_burn_in(1200.0) == 0.0
-    assert evaluate.default_burn_in(3600.0) == evaluate.BURN_IN_S
+    assert evaluate.default_burn_in(1200.0, interval_s=60.0) == 0.0
+    assert evaluate.default_burn_in(3600.0, interval_s=60.0) == evaluate.BURN_IN_S
+    # Ten-minute intervals: ten of them, not one (a planner that has seen one interval plans blind).
+    assert evaluate.default_burn_in(86400.0, interval_s=600.0) == evaluate.BURN_IN_INTERVALS * 600.0
+    assert evaluate.default_burn_in(3 * 6000.0 - 1.0, interval_s=600.0) == 0.0
     trace = azure_csv(tmp_path / "tiny.csv", poisson_trace(1.0, 300, seed=5))
     profile = evaluate.model_profile(TIMING)
     scenario = evaluate.scenario_from_trace("tiny", trace, profile=profile, sla=SLA, burn_in_s=None,

@@ -226,3 +226,58 @@ def test_a_graph_keeps_only_the_scores_its_rarest_quantile_reads() -> None:
     assert kept[0.9] == {conformal.SCORE_WINDOW}
     assert min(kept[0.99]) > 250
     assert kept[0.995] == {conformal.scores_to_resolve(0.995)}
+
+
+def test_rises_are_read_as_multiples_of_where_they_started_and_cover_the_level() -> None:
+    """A rate that wanders multiplicatively and jumps by half now and then: the 0.999-quantile of the
+    rises over the next two intervals, times the latest rate, covers the peak of those intervals at
+    least 99.6% of the time once enough rises are known; the same series a thousand times busier reads
+    the same multiple (a ratio has no unit to lose over a week)."""
+    rng = np.random.default_rng(21)
+    steps, q = 2, 0.999
+    log_rate = np.cumsum(0.05 * rng.standard_normal(6000)) + np.where(rng.random(6000) < 0.01, np.log(1.5), 0.0)
+    rates = 100.0 * np.exp(log_rate - np.maximum.accumulate(log_rate) * 0.5)
+    covered = []
+    for t in range(conformal.MAX_SCORE_WINDOW, len(rates) - steps, 7):
+        rise = conformal.rise_quantile(rates[:t + 1], steps, q)
+        assert rise is not None
+        covered.append(rates[t + 1:t + 1 + steps].max() <= rates[t] * rise)
+    assert np.mean(covered) >= 0.996
+    assert conformal.rise_quantile(1000.0 * rates[:2000], steps, q) == pytest.approx(
+        conformal.rise_quantile(rates[:2000], steps, q))
+
+
+def test_a_rise_needs_enough_starts_and_none_from_a_near_silence() -> None:
+    """Fewer than MIN_SCORES rises give no bound; intervals at or under `least` start none (0.1 → 50
+    req/s is a burst after a silence, not a multiple to size a busy fleet by), and the rarest level
+    read from a handful of rises is the largest of them."""
+    assert conformal.rise_quantile([10.0] * conformal.MIN_SCORES, 1, 0.999) is None  # nine rises
+    assert conformal.rise_quantile([10.0] * 30, 0, 0.999) is None
+    rates = [10.0, 12.0, 11.0, 10.0, 13.0, 10.0, 11.0, 12.0, 10.0, 11.0, 10.0, 10.0, 0.1, 50.0, 10.0]
+    assert conformal.rise_quantile(rates, 1, 0.999, least=1.0) == pytest.approx(1.3)  # 10 → 13
+    assert conformal.rise_quantile(rates, 1, 0.999) == pytest.approx(500.0)  # 0.1 → 50, counted
+    # Over two intervals the 10 before the silence reaches the 50 after it: a rise from a busy level counts.
+    assert conformal.rise_quantile(rates, 2, 0.999, least=1.0) == pytest.approx(5.0)
+
+
+def test_only_levels_the_day_window_cannot_resolve_are_rare() -> None:
+    assert not conformal.rare(0.9) and not conformal.rare(0.99) and not conformal.rare(0.993)
+    assert conformal.rare(0.995) and conformal.rare(0.999)
+
+
+def test_a_plan_at_a_rare_risk_sizes_for_the_rises_it_has_seen() -> None:
+    """A calm stretch in which the rate twice jumped by half within an interval: at risk 0.995 the load
+    sized for is at least the latest rate times 1.5, whatever the forecast's scores say; at 0.99, a
+    level the day's scores resolve, the rises add nothing; and jumps older than the rises the level
+    reads (199 at 0.995) are forgotten."""
+    rates = tuple([1000.0] * 300 + [1500.0] + [1000.0] * 100 + [1500.0] + [1000.0] * 60)
+    pending = core.PendingForecast(rate_mean=(1000.0,), rate_spread=(10.0,), isl=1000.0, osl=100.0,
+                                   level=1000.0)
+    memory = core.GraphMemory(rates=rates)
+    assert core.rise_floor(pending, rates, 0.995) == pytest.approx(1500.0)
+    assert core.rise_floor(pending, rates, 0.99) == 0.0
+    assert core.rise_floor(pending, rates[:301] + (1000.0,) * 300, 0.995) == pytest.approx(1000.0)
+    rare = core.load_at_risk(pending, memory, risk=0.995, burst=1.0)
+    usual = core.load_at_risk(pending, memory, risk=0.99, burst=1.0)
+    assert rare.rate_rps == pytest.approx(1500.0) and rare.decode_rate_rps == pytest.approx(1500.0)
+    assert usual.rate_rps < 1100.0
