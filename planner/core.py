@@ -573,9 +573,10 @@ def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: f
     """Score the pending forecasts against this interval's loads (pure): each pending forecast made k
     intervals ago meets its step k − 1; the calibration of each load takes every outcome in turn."""
     levels = (*conformal.REPORTED_LEVELS, risk)
-    # The scores the rarest quantile the plan reads needs (its risk's, or the cautious one's).
+    # The scores the rarest quantile the plan reads needs: the cautious one's where there is one.
     cautious = cautious_risk(risk)
-    keep = max(conformal.score_window(q) for q in (*levels, *(() if cautious is None else (cautious,))))
+    rarest = risk if cautious is None else max(risk, cautious)
+    keep = max(conformal.score_window(q) for q in (*levels, rarest))
     calibrations = dict(memory.forecast_calibration)
     for index, pending in enumerate(memory.pending):  # oldest first: outcomes in the order they were forecast
         age = len(memory.pending) - 1 - index

@@ -328,11 +328,12 @@ def test_planning_at_a_risk_whose_rarer_quantile_no_window_resolves_every_scale_
     that goes down at once at risk 0.99 waits for the hold."""
     assert core.cautious_risk(0.995) is None and core.cautious_risk(0.99) is not None
     cfg = dataclasses.replace(config(max_replicas=32, risk=0.995), hold_s=3600.0)
-    plan, _ = core.plan_interval(cfg, seen(10.0), _surge_long_ago(), current={"prefill": 16, "decode": 16},
+    memory = _surge_long_ago()
+    plan, _ = core.plan_interval(cfg, seen(10.0), memory, current={"prefill": 16, "decode": 16},
                                  capacity=model, now=0.0)
     assert plan.predicted is not None
     assert sizing.size(dataclasses.replace(plan.predicted, isl_mix=None, osl_mix=None), model, cfg.sla,
-                       core.sizing_corrections(cfg, _surge_long_ago())).replicas["prefill"] < 16
+                       core.sizing_corrections(cfg, memory)).replicas["prefill"] < 16
     assert dict(plan.replicas) == {"prefill": 16, "decode": 16}
     assert not any("at once" in r for r in plan.reasons)
 
