@@ -91,6 +91,13 @@ def score_window(q: float) -> int:
     return min(MAX_SCORE_WINDOW, max(SCORE_WINDOW, scores_to_resolve(q)))
 
 
+def split_conformal(values: np.ndarray, level: float) -> float:
+    """The value that covers `level` of the next exchangeable one: split conformal's finite-sample level,
+    (n + 1) q / n, read with the "higher" rule; levels at or past 1 take the largest value."""
+    n = len(values)
+    return float(np.quantile(values, min(1.0, max(0.0, level) * (n + 1) / n), method="higher"))
+
+
 def rare(q: float) -> bool:
     """Whether the q-quantile needs more scores than the day window (SCORE_WINDOW) holds: above 0.993."""
     return scores_to_resolve(q) > SCORE_WINDOW
@@ -121,7 +128,7 @@ def rise_quantile(rates: Sequence[float], steps: int, q: float, *, least: float 
     n = len(rises)
     if n < MIN_SCORES:
         return None
-    return float(np.quantile(rises, min(1.0, q * (n + 1) / n), method="higher"))
+    return split_conformal(rises, q)
 
 
 def _spread(mean: float, spread: float, floor: float) -> float:
@@ -166,10 +173,7 @@ def quantile(calibration: Calibration, mean: float, spread: float, q: float, *, 
     if n < q / (1.0 - q):
         # Too few scores to resolve this level: the larger of the model's word and the worst error seen.
         return max(0.0, mean + scale * max(gaussian * max(spread, 0.0) / scale, max(scores)))
-    # Split conformal's finite-sample level, (n + 1) q / n, read with the "higher" rule: covers q of
-    # exchangeable outcomes. Levels at or past 1 take the largest score.
-    at = min(1.0, max(0.0, level) * (n + 1) / n)
-    score = float(np.quantile(np.asarray(scores), at, method="higher")) if level > 0 else -math.inf
+    score = split_conformal(np.asarray(scores), level) if level > 0 else -math.inf
     return max(0.0, mean + scale * score)
 
 

@@ -236,18 +236,25 @@ class Cluster:
                 "kube-apiserver": self.config.apiserver_port, "kube-controller-manager": base + 57,
                 "kube-scheduler": base + 59, "kwok": base + 81}
 
-    def _check_ports(self) -> None:
-        """Fail clearly when another cluster (say, one with the same name under another cache) holds a port."""
+    def held_ports(self) -> dict[str, int]:
+        """The cluster's ports something already listens on (or holds bound), by what would use them."""
+        held = {}
         for owner, port in self.ports().items():
             with socket.socket() as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     probe.bind(("127.0.0.1", port))
                 except OSError:
-                    raise ClusterError(
-                        f"127.0.0.1:{port} ({owner}) is in use: is another cluster with port base"
-                        f" {self.config.port_base} running? Stop it, or set FLEETPILOT_CLUSTER_PORT_BASE"
-                    ) from None
+                    held[owner] = port
+        return held
+
+    def _check_ports(self) -> None:
+        """Fail clearly when another cluster (say, one with the same name under another cache) holds a port."""
+        for owner, port in self.held_ports().items():
+            raise ClusterError(
+                f"127.0.0.1:{port} ({owner}) is in use: is another cluster with port base"
+                f" {self.config.port_base} running? Stop it, or set FLEETPILOT_CLUSTER_PORT_BASE"
+            )
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log_path = self.logs / f"{name}.log"

@@ -12,21 +12,12 @@ from fleetpilot.devcluster import cluster as devcluster
 pytestmark = pytest.mark.integration
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _unused_config(tmp_path: Path) -> devcluster.ClusterConfig:
     """A cluster whose every port is free now: another checkout's cluster (an e2e run beside this one)
     may hold the default bases, and then the test would clash with it, not with its own holder."""
     for base in range(29400, 40000, 100):
         config = devcluster.ClusterConfig(name="clash", port_base=base, state_root=tmp_path)
-        if all(_free(port) for port in devcluster.Cluster(config).ports().values()):
+        if not devcluster.Cluster(config).held_ports():
             return config
     raise AssertionError("no free port base between 29400 and 40000")
 
