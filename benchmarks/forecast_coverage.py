@@ -102,6 +102,7 @@ def run(series: Series, name: str) -> Coverage:
     z = {q: statistics.NormalDist().inv_cdf(q) for q in LEVELS}
     seconds: list[float] = []
     fallbacks = 0
+    measured: tuple[core.IntervalLengths, ...] = ()
     for t in range(series.start, series.end):
         rate, isl, osl = series.rates[t], series.isls[t], series.osls[t]
         scored = t - series.start >= series.warmup
@@ -127,7 +128,9 @@ def run(series: Series, name: str) -> Coverage:
         forecast = predictor.forecast(history, steps=series.horizon, step_seconds=series.interval_s)
         seconds.append(time.perf_counter() - began)
         fallbacks += forecast.fallback is not None
-        lengths = (max(core.recent_length(series.isls[:t + 1]), 1.0), max(core.recent_length(series.osls[:t + 1]), 1.0))
+        measured = core.with_lengths(measured, core.IntervalLengths(t * series.interval_s, rate, isl, osl))
+        seen = core.recent_lengths(measured, now=t * series.interval_s, interval_s=series.interval_s)
+        lengths = (max(core.recent_length(seen, "isl"), 1.0), max(core.recent_length(seen, "osl"), 1.0))
         pending = core.PendingForecast(forecast.mean, tuple(forecast.spread(i) for i in range(len(forecast.mean))),
                                        *lengths, scored=len(history) >= core.SCORED_FROM_INTERVALS)
         memory = dataclasses.replace(memory, pending=(*memory.pending, pending)[-series.horizon:])

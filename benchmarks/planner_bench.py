@@ -52,7 +52,7 @@ def main() -> int:
                         "intervalSeconds": 600},
         })
         config = core.config_from_spec(spec, startup_s=600)
-        memory = core.GraphMemory(rates=tuple(rates[:warm]), isls=(2048.0,) * warm, osls=(256.0,) * warm)
+        memory = core.warm_memory(tuple(rates[:warm]), (2048.0,) * warm, (256.0,) * warm, now=warm * 600.0, interval_s=600.0)
         current = {"prefill": 1, "decode": 1}
         times = []
         for step in range(warm, warm + args.intervals):

@@ -42,7 +42,8 @@ _SATURATED = 0.9
 _TOO_IDLE = 0.05
 # The loads the planner forecasts and calibrates: what each is in requests, tokens in or tokens out.
 LOADS = ("requests", "input_tokens", "output_tokens")
-# The length mix sized for pools this many intervals' histograms (as `recent_length` averages the means).
+# The length mix and mean lengths sized for: the last this many planning intervals' requests (`recent_length`,
+# `recent_mix`).
 MIX_INTERVALS = 6
 DEFAULT_RISK = 0.9
 # A forecast is scored for calibration only once it was made from this many intervals. Scores are errors
@@ -234,12 +235,25 @@ def load_length(name: str, isl: float, osl: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
+class IntervalLengths:
+    """One planned interval's requests as the lengths are sized from: when it ended (the planner's
+    clock), its rate, its mean prompt and output lengths, and their histograms where measured."""
+
+    time: float
+    rate_rps: float
+    isl: float
+    osl: float
+    isl_histogram: lengths.Histogram | None = None
+    osl_histogram: lengths.Histogram | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class GraphMemory:
     """What the planner carries from one interval to the next for one graph."""
 
     rates: tuple[float, ...] = ()
-    isls: tuple[float, ...] = ()
-    osls: tuple[float, ...] = ()
+    # The last MIX_INTERVALS intervals that had traffic, with when they ended: the lengths sized for.
+    lengths: tuple[IntervalLengths, ...] = ()
     scale_down: sizing.ScaleDownState = dataclasses.field(default_factory=sizing.ScaleDownState)
     forecast_for_now: float | None = None  # last interval's forecast of this interval's rate
     forecast_state: tuple[float, ...] = ()  # the last rate forecast's fitted parameters: the next fit's start
@@ -248,9 +262,6 @@ class GraphMemory:
     decode_max_running: float | None = None  # learned by `learn_max_running`; None: not seen yet
     pending: tuple[PendingForecast, ...] = ()  # the last horizon's forecasts, newest last
     forecast_calibration: Mapping[str, conformal.Calibration] = dataclasses.field(default_factory=dict)  # per load
-    # The last intervals' length histograms (None where an interval had none), for the mix to size for.
-    isl_histograms: tuple[lengths.Histogram | None, ...] = ()
-    osl_histograms: tuple[lengths.Histogram | None, ...] = ()
     drift: tuple[drifts.Sample, ...] = ()  # the last intervals' TTFT and ITL against the profile
     # When the silence the last intervals were held through began (`implausible_lull`; None: none):
     # the next interval with traffic holds part of the outage too, so its mean understates the load.
@@ -309,15 +320,20 @@ def warnings_of(config: GraphPlanConfig, desired: sizing.Desired | None) -> tupl
     return tuple(found)
 
 
-def warm_memory(rates: tuple[float, ...], isls: tuple[float, ...], osls: tuple[float, ...]) -> GraphMemory:
+def warm_memory(rates: tuple[float, ...], isls: tuple[float, ...], osls: tuple[float, ...], *, now: float,
+                interval_s: float) -> GraphMemory:
     """A graph's memory from history kept elsewhere (Prometheus), so that a restarted planner, or one
-    that just became leader, forecasts from the load it would have seen had it been running."""
+    that just became leader, forecasts from the load it would have seen had it been running. The
+    history is taken as the intervals that ended before `now`, one `interval_s` apart."""
     if not len(rates) == len(isls) == len(osls):
         raise ValueError("rates, isls and osls must be as long as each other")
     kept = [k for k in range(len(rates))
             if _sane(rates[k], MAX_RATE_RPS) and _sane(isls[k], MAX_TOKENS) and _sane(osls[k], MAX_TOKENS)]
     rates, isls, osls = (tuple(series[k] for k in kept) for series in (rates, isls, osls))
-    return GraphMemory(rates=rates[-HISTORY_LIMIT:], isls=isls[-HISTORY_LIMIT:], osls=osls[-HISTORY_LIMIT:])
+    seen: tuple[IntervalLengths, ...] = ()
+    for k, (rate, isl, osl) in enumerate(zip(rates, isls, osls, strict=True)):
+        seen = with_lengths(seen, IntervalLengths(now - (len(rates) - k) * interval_s, rate, isl, osl))
+    return GraphMemory(rates=rates[-HISTORY_LIMIT:], lengths=seen)
 
 
 # What the planner has learned of a graph's fleet, as `status.planner.learned` carries it across a
@@ -366,17 +382,32 @@ def recent_mean(series: tuple[float, ...], k: int = 6) -> float:
     return sum(tail) / len(tail) if tail else 0.0
 
 
-def recent_length(series: tuple[float, ...], k: int = 6) -> float:
-    """The mean length of the last `k` intervals that had traffic, however long ago: an idle interval's
-    lengths are unknown, not 0 (after six idle intervals the last six entries said ISL 1, OSL 1, and
-    decode was sized at one replica for 600 req/s)."""
-    tail: list[float] = []
-    for value in reversed(series):
-        if value > 0:
-            tail.append(value)
-            if len(tail) == k:
-                break
-    return sum(tail) / len(tail) if tail else 0.0
+def with_lengths(seen: tuple[IntervalLengths, ...], interval: IntervalLengths) -> tuple[IntervalLengths, ...]:
+    """`seen` with `interval` added if it had traffic (an idle interval's lengths are unknown, not 0)."""
+    if interval.rate_rps <= 0 or interval.isl <= 0 or interval.osl <= 0:
+        return seen
+    return (*seen, interval)[-MIX_INTERVALS:]
+
+
+def recent_lengths(seen: tuple[IntervalLengths, ...], *, now: float, interval_s: float) -> tuple[IntervalLengths, ...]:
+    """The intervals the lengths are sized from: those of `seen` that ended within the last
+    MIX_INTERVALS intervals before `now`, or, where none did, all of `seen` (the latest known).
+
+    The window is time, not traffic: after a pause (idle intervals, or a silence held as an outage),
+    the first interval of new traffic is the whole window, and lengths from before the pause are
+    forgotten at once. Only with no request in the window at all do older lengths stand, however old:
+    nothing newer is known.
+    """
+    fresh = tuple(x for x in seen if x.time > now - MIX_INTERVALS * interval_s - 1e-9)
+    return fresh or seen
+
+
+def recent_length(seen: tuple[IntervalLengths, ...], name: str) -> float:
+    """The mean prompt (`name` "isl") or output ("osl") length of the requests of `seen`, each interval
+    weighted by its rate, so that it is the mean of their requests, as their pooled histograms are;
+    0 when `seen` is empty."""
+    weight = sum(x.rate_rps for x in seen)
+    return sum(getattr(x, name) * x.rate_rps for x in seen) / weight if weight > 0 else 0.0
 
 
 def implausible_lull(rate_rps: float, rates: tuple[float, ...], interval_s: float) -> float | None:
@@ -417,10 +448,12 @@ _SILENCE_HISTORY = 30
 OUTAGE_HOLD_S = 6 * 3600.0
 
 
-def recent_mix(histograms: tuple[lengths.Histogram | None, ...], mean: float, k: int = MIX_INTERVALS) -> lengths.LengthMix | None:
-    """The length mix of the last `k` intervals' histograms pooled, scaled to `mean` (the mean the
-    load is counted in, so that the mix changes the shape the planner sizes for, not the load)."""
-    pooled = lengths.pooled(h for h in histograms[-k:] if h is not None)
+def recent_mix(seen: tuple[IntervalLengths, ...], name: str, mean: float) -> lengths.LengthMix | None:
+    """The length mix of `seen`'s `name` ("isl" or "osl") histograms pooled, scaled to `mean` (the mean
+    the load is counted in, so that the mix changes the shape the planner sizes for, not the load);
+    None where none of them measured one (sizing then takes every request at the mean)."""
+    histograms = (getattr(x, f"{name}_histogram") for x in seen)
+    pooled = lengths.pooled(h for h in histograms if h is not None)
     mix = pooled.mix() if pooled is not None else None
     return lengths.scaled_to_mean(mix, mean) if mix is not None and mean > 0 else None
 
@@ -638,16 +671,16 @@ def sizing_corrections(config: GraphPlanConfig, memory: GraphMemory) -> sizing.C
 
 
 def needed_ahead(config: GraphPlanConfig, memory: GraphMemory, capacity: capacities.CapacityModel,
-                 trend: reactive.Trend) -> dict[sizing.Pool, int] | None:
+                 trend: reactive.Trend, *, now: float) -> dict[sizing.Pool, int] | None:
     """The replicas per pool that the trend's rate a startup ahead needs, sized as the plan sizes (its
     corrections, length mixes, burstiness, bounds); None before any interval has measured lengths."""
-    isl, osl = recent_length(memory.isls), recent_length(memory.osls)
+    seen = recent_lengths(memory.lengths, now=now, interval_s=config.interval_s)
+    isl, osl = recent_length(seen, "isl"), recent_length(seen, "osl")
     if not config.disaggregated or isl <= 0 or osl <= 0:
         return None
     load = sizing.Load(rate_rps=trend.rate_ahead_rps, isl=isl, osl=osl, burst=_median(memory.bursts, 1.0))
     if config.length_mix:
-        load = dataclasses.replace(load, isl_mix=recent_mix(memory.isl_histograms, isl),
-                                   osl_mix=recent_mix(memory.osl_histograms, osl))
+        load = dataclasses.replace(load, isl_mix=recent_mix(seen, "isl", isl), osl_mix=recent_mix(seen, "osl", osl))
     most = {pool: bound.max_replicas for pool, bound in config.bounds.items()}
     desired = sizing.size(load, capacity, config.sla, sizing_corrections(config, memory), most=most)
     return {pool: n for pool, n in desired.replicas.items()}
@@ -706,13 +739,9 @@ def plan_interval(
     memory = dataclasses.replace(
         memory,
         rates=_append(memory.rates, rate),
-        isls=_append(memory.isls, observation.isl or 0.0),
-        osls=_append(memory.osls, observation.osl or 0.0),
-        # The mix of the last intervals that measured one: an idle interval's is unknown, not empty.
-        isl_histograms=(*memory.isl_histograms, observation.isl_histogram)[-MIX_INTERVALS:]
-        if observation.isl_histogram is not None else memory.isl_histograms,
-        osl_histograms=(*memory.osl_histograms, observation.osl_histogram)[-MIX_INTERVALS:]
-        if observation.osl_histogram is not None else memory.osl_histograms,
+        lengths=with_lengths(memory.lengths, IntervalLengths(
+            now, rate, observation.isl or 0.0, observation.osl or 0.0, observation.isl_histogram,
+            observation.osl_histogram)),
     )
     forecast_error = None
     if memory.forecast_for_now is not None and rate > 0:
@@ -721,7 +750,8 @@ def plan_interval(
     forecaster = predictor if predictor is not None else predict.make_predictor(config.predictor)
     forecast = forecaster.forecast(
         memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s, start=memory.forecast_state)
-    isl, osl = max(recent_length(memory.isls), 1.0), max(recent_length(memory.osls), 1.0)
+    seen = recent_lengths(memory.lengths, now=now, interval_s=config.interval_s)
+    isl, osl = max(recent_length(seen, "isl"), 1.0), max(recent_length(seen, "osl"), 1.0)
     interval_burst = 1.0
     if observation.burst_rate_rps is not None and rate > 0:
         interval_burst = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
@@ -733,7 +763,7 @@ def plan_interval(
     cautious_level = cautious_risk(config.risk)
     cautious = None if cautious_level is None else load_at_risk(pending, memory, risk=cautious_level, burst=burst)
     if config.length_mix:
-        isl_mix, osl_mix = recent_mix(memory.isl_histograms, isl), recent_mix(memory.osl_histograms, osl)
+        isl_mix, osl_mix = recent_mix(seen, "isl", isl), recent_mix(seen, "osl", osl)
         load = dataclasses.replace(load, isl_mix=isl_mix, osl_mix=osl_mix)
         if cautious is not None:
             cautious = dataclasses.replace(cautious, isl_mix=isl_mix, osl_mix=osl_mix)
@@ -799,6 +829,7 @@ def react(
     *,
     floor: Mapping[sizing.Pool, int],
     capacity: capacities.CapacityModel,
+    now: float,
     isl: float | None = None,
     osl: float | None = None,
     trend: reactive.Trend | None = None,
@@ -813,8 +844,9 @@ def react(
     if not config.disaggregated:
         return reactive.Reaction(dict(floor), ["aggregated graph: no fast path"], False)
     bounds = {pool: (bound.min_replicas, bound.max_replicas) for pool, bound in config.bounds.items()}
-    isl = isl if isl else recent_length(memory.isls)
-    osl = osl if osl else recent_length(memory.osls)
+    seen = recent_lengths(memory.lengths, now=now, interval_s=config.interval_s)
+    isl = isl if isl else recent_length(seen, "isl")
+    osl = osl if osl else recent_length(seen, "osl")
     ttft_s, itl_s = config.sla.ttft_ms / 1e3, config.sla.itl_ms / 1e3
     if isl > 0 and osl > 0:
         ttft_s, itl_s = sizing.attainable_targets(capacity, isl=isl, osl=osl, ttft_s=ttft_s, itl_s=itl_s)

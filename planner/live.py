@@ -668,7 +668,8 @@ class LivePlanner:
                                           window_s=int(config.interval_s), points=points)
         logger.info("%s/%s: warm start with %d intervals of history (%.1f h) from Prometheus", namespace, name,
                     len(history.rates), len(history.rates) * config.interval_s / 3600)
-        memory = core.warm_memory(history.rates, history.isls, history.osls)
+        memory = core.warm_memory(history.rates, history.isls, history.osls, now=self.clock(),
+                                  interval_s=config.interval_s)
         known = ((body.get("status") or {}).get("planner") or {}).get("learned")
         if isinstance(known, dict) and known:
             logger.info("%s/%s: warm start with what the planner had learned: %s", namespace, name, known)
@@ -690,19 +691,20 @@ class LivePlanner:
         FAST_PATH_READS.labels(source).inc()
         memory = self.memory.get((namespace, name), core.GraphMemory())
         current, ready = await self._replicas(graph)
-        isl = core.recent_length(memory.isls)
+        now = self.clock()
+        isl = core.recent_length(core.recent_lengths(memory.lengths, now=now, interval_s=state.config.interval_s), "isl")
         gauges = reactive.Gauges(
             prefill_queued_tokens=engines.prefill_waiting * isl, decode_running=engines.decode_running,
             decode_waiting=engines.decode_waiting, ready=ready, active=current)
         config = state.config
         trend = self._read_arrivals((namespace, name), engines.started, config)
-        ahead = core.needed_ahead(config, memory, state.capacity, trend) if trend is not None else None
+        ahead = core.needed_ahead(config, memory, state.capacity, trend, now=now) if trend is not None else None
         budget = graph.spec.planner.budget
         if budget is not None and budget in self.ledger and config.gpu_budget is not None:
             # The others may have grown into what this graph's last plan left unused: only what is free now.
             config = dataclasses.replace(config, gpu_budget=min(config.gpu_budget,
                                                                 self._room(budget, (namespace, name), config, current)))
-        reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity, trend=trend,
+        reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity, now=now, trend=trend,
                               ahead=ahead)
         if not reaction.changed or not self.may_act():
             return reaction

@@ -27,8 +27,10 @@ GPU-hours for the same SLA; the line did as well on the rises that matter (Serve
 Bounds: it only adds (scale-down stays with the predictive loop, which holds before it removes), never
 more than half the pool's active replicas in one step, never past the pool's max, and it counts
 replicas still starting as if they served, so one shortage is answered once, not every tick while
-the new replicas start (and leaves a pool alone while none of its replicas serves yet). Its result
-never goes below the predictive floor. Pure: plain data in and out.
+the new replicas start (and leaves a pool alone while none of its replicas serves yet). A pool at zero
+with nothing waiting for it is asleep (scaled to zero): it asks for nothing, and the wake-up
+(planner/zero.py) starts it when a request is held. Its result never goes below the predictive floor.
+Pure: plain data in and out.
 """
 
 from __future__ import annotations
@@ -149,7 +151,9 @@ class Reaction:
 
 
 def prefill_wait_s(gauges: Gauges, capacity: capacities.CapacityModel, *, isl: float, replicas: int) -> float:
-    """The next prompt's TTFT from the prefill side: its own compute behind the queue per replica."""
+    """The next prompt's TTFT from the prefill side: its own compute behind the queue per replica
+    (infinite without a replica: it waits for one to start, which `react` leaves to the wake-up where
+    nothing is queued)."""
     if replicas <= 0:
         return math.inf
     tokens_per_s = capacity.prefill_tokens_per_s(isl).value
@@ -210,6 +214,11 @@ def react(
     if isl <= 0 or osl <= 0:
         return Reaction(replicas, ["no request lengths observed yet: nothing to react to"], False)
 
+    # A pool at zero with nothing waiting for it is asleep: no request is waiting, and the first that comes is
+    # held by the frontend, which wakes the pool (planner/zero.py). Adding a replica here would undo each
+    # scale to zero a fast-path tick later.
+    asleep = {"prefill": replicas["prefill"] == 0 and gauges.prefill_queued_tokens <= 0,
+              "decode": replicas["decode"] == 0 and gauges.decode_waiting <= 0}
     counted = replicas["prefill"]  # starting replicas count as serving: one shortage, one answer
     own = capacity.lone_ttft_s(isl).value
     wait = prefill_wait_s(gauges, capacity, isl=isl, replicas=counted)
@@ -217,7 +226,7 @@ def react(
     # A pool with replicas asked for and none serving yet is already answered: its queue says nothing
     # about how many more it needs (at a scale-up from zero it would only grow, tick after tick).
     starting_only = {pool: gauges.ready.get(pool, 0) == 0 and replicas[pool] > 0 for pool in replicas}
-    if wait > ttft_target_s and slack > 0 and not starting_only["prefill"]:
+    if wait > ttft_target_s and slack > 0 and not starting_only["prefill"] and not asleep["prefill"]:
         tokens_per_s = capacity.prefill_tokens_per_s(isl).value
         needed = math.ceil(gauges.prefill_queued_tokens / (slack * tokens_per_s) - 1e-9)
         new = _step(counted, needed, bounds["prefill"][1])
@@ -236,7 +245,8 @@ def react(
     # Replicas that would hold every sequence, running and waiting, as full as the serving ones are.
     needed = math.ceil(serving * (gauges.decode_running + gauges.decode_waiting)
                        / max(gauges.decode_running, 1.0) - 1e-9)
-    if (short_of_slots or itl > itl_target_s) and max(needed, serving + 1) > counted and not starting_only["decode"]:
+    if ((short_of_slots or itl > itl_target_s) and max(needed, serving + 1) > counted and not starting_only["decode"]
+            and not asleep["decode"]):
         new = _step(counted, needed, bounds["decode"][1])
         if new > counted:
             why = (f"{gauges.decode_waiting:.0f} prefilled requests wait {slot_wait:.2f} s for a decode slot"
@@ -248,7 +258,7 @@ def react(
     if ahead is not None and trend is not None:
         for pool in ("prefill", "decode"):
             counted = replicas[pool]
-            if ahead.get(pool, 0) <= counted:  # an absolute need: replicas starting count, no runaway
+            if ahead.get(pool, 0) <= counted or asleep[pool]:  # an absolute need: replicas starting count, no runaway
                 continue
             new = _step(counted, ahead[pool], bounds[pool][1])
             if new > counted:

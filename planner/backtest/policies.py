@@ -487,10 +487,10 @@ class Fleetpilot(Base):
             decode_waiting=stats.decode_waiting, ready=dict(stats.ready.items()), active=dict(stats.active.items()),
         )
         if not self._arrivals or stats.end > self._arrivals[-1].end:
-            self._read_arrivals(stats)
+            self._read_arrivals(stats, now)
         trend, ahead = self._trend if self._trend is not None else (None, None)
         reaction = core.react(self.config, gauges, self.memory, floor=self._floor, capacity=self.setting.capacity,
-                              isl=stats.isl_mean, osl=stats.osl_mean, trend=trend, ahead=ahead)
+                              now=now, isl=stats.isl_mean, osl=stats.osl_mean, trend=trend, ahead=ahead)
         if not reaction.changed:
             return None
         self.reactions += 1
@@ -498,13 +498,13 @@ class Fleetpilot(Base):
         self._current = dict(decision.items())
         return decision
 
-    def _read_arrivals(self, stats: WindowStats) -> None:
+    def _read_arrivals(self, stats: WindowStats, now: float) -> None:
         """Remember a reading's arrivals and size for their trend once (a fluid step's ticks share one)."""
         self._arrivals, trend = reactive.read_arrivals(
             self._arrivals, reactive.Reading(stats.start, stats.end, stats.arrivals), startup_s=self.config.startup_s,
             period_s=self._period_s())
         self._read_this_interval += stats.arrivals
-        ahead = core.needed_ahead(self.config, self.memory, self.setting.capacity, trend) if trend else None
+        ahead = core.needed_ahead(self.config, self.memory, self.setting.capacity, trend, now=now) if trend else None
         self._trend = (trend, ahead) if trend is not None and ahead is not None else None
 
     def forecast(self) -> float | None:

@@ -104,7 +104,7 @@ def fast_path_planner(gauges: Any, *, floor: dict[str, int], replicas: dict[str,
                                                                              "resourceVersion": "1"},
                                    "spec": {"replicas": n}, "status": {"readyReplicas": n}})
     config = core.config_from_spec(api.DynamoGraphSpec.model_validate(body["spec"]))
-    planner.memory[("ns", "g")] = core.GraphMemory(isls=(2000.0,), osls=(200.0,))
+    planner.memory[("ns", "g")] = core.GraphMemory(lengths=(core.IntervalLengths(0.0, 1.0, 2000.0, 200.0),))
     state = live.FastPathState(config=config, capacity=capacity.CapacityModel(live.simulator_profile(1)),
                                floor=floor)  # type: ignore[arg-type]
     return planner, kube, body | {"state": state}
@@ -292,7 +292,7 @@ def test_a_planner_that_starts_loads_each_graphs_history_from_prometheus() -> No
         "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "intervalSeconds": 60}})
     config = core.config_from_spec(spec)
     memory = asyncio.run(planner._warm_start("ns", "g", config, {"status": {}}))
-    assert memory.rates == (1.0, 2.0, 3.0) and memory.isls == (2000.0,) * 3
+    assert memory.rates == (1.0, 2.0, 3.0) and [x.isl for x in memory.lengths] == [2000.0] * 3
     assert observer.asked == [(60, core.HISTORY_LIMIT)]  # a week of minutes is more than the predictors use
     assert "decodeMaxRunning" not in core.learned(memory)  # nothing was known before it
 

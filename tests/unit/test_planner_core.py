@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity, core, lengths, live, predict, sizing
 
@@ -54,7 +55,7 @@ def test_the_fast_path_runs_every_five_seconds_unless_the_graph_turns_it_off() -
 
 
 def test_missing_data_holds_replicas_and_keeps_history(model: capacity.CapacityModel) -> None:
-    memory = core.GraphMemory(rates=(5.0,), isls=(2000.0,), osls=(200.0,))
+    memory = core.GraphMemory(rates=(5.0,), lengths=(core.IntervalLengths(0.0, 5.0, 2000.0, 200.0),))
     plan, after = core.plan_interval(config(), core.Observation(time=0.0, error="Prometheus down"), memory,
                                      current={"prefill": 3, "decode": 2}, capacity=model, now=100.0)
     assert not plan.data_ok and dict(plan.replicas) == {"prefill": 3, "decode": 2}
@@ -175,11 +176,56 @@ def test_a_trickle_after_traffic_is_an_outage_held_like_silence_and_a_decline_is
     assert not any(p.outage for p in halving) and halving[-1].replicas["prefill"] < before.replicas["prefill"]
 
 
-def test_lengths_outlive_idle_intervals() -> None:
-    """The mean of the last intervals that had traffic, however many idle ones came after."""
-    assert core.recent_length((2000.0, 1000.0, *([0.0] * 50))) == 1500.0
-    assert core.recent_length((5.0, *([1.0] * 6), 0.0)) == 1.0
-    assert core.recent_length((0.0, 0.0)) == 0.0
+def test_lengths_are_the_recent_requests_mean_and_outlive_a_pause_only_while_nothing_is_newer() -> None:
+    """The mean of the requests of the last six intervals (each interval by its rate); an idle interval
+    adds nothing (its lengths are unknown, not 0); with no request in the window, the last intervals
+    that had traffic stand, however old."""
+    def at(minute: float, rate: float, isl: float) -> core.IntervalLengths:
+        return core.IntervalLengths(60.0 * minute, rate, isl, 100.0)
+
+    seen = core.with_lengths(core.with_lengths((), at(0, 1.0, 2000.0)), at(1, 3.0, 1000.0))
+    assert core.recent_length(seen, "isl") == 1250.0  # by requests, not by interval
+    assert core.with_lengths(seen, at(2, 0.0, 0.0)) == seen
+    assert core.recent_lengths(seen, now=60.0 * 50, interval_s=60.0) == seen  # nothing newer: they stand
+    for minute in range(2, 9):
+        seen = core.with_lengths(seen, at(minute, 2.0, 500.0))
+    assert len(seen) == core.MIX_INTERVALS and core.recent_length(seen, "isl") == 500.0
+    after_pause = core.with_lengths(seen, at(40, 1.0, 76.0))
+    assert core.recent_lengths(after_pause, now=60.0 * 40, interval_s=60.0) == (at(40, 1.0, 76.0),)
+    assert core.recent_length((), "osl") == 0.0
+
+
+def test_after_a_pause_new_traffic_is_sized_at_its_own_lengths_within_one_interval(
+        model: capacity.CapacityModel) -> None:
+    """An hour of 1,683-token prompts, 25 idle minutes, then 76-token prompts: the first interval of the
+    new traffic is sized at ISL 76 and its own mix, and asks for no more prefill than that traffic needs
+    (before, the mean and mix of the traffic before the pause stood for six intervals of traffic)."""
+    def histogram(counts: dict[int, float], mean: float) -> lengths.Histogram:
+        """Requests per bucket of the contract's bounds, keyed by each bucket's upper bound."""
+        return lengths.Histogram(tuple(counts.get(int(b) if b != math.inf else -1, 0.0)
+                                       for b in contract.TOKEN_BUCKETS), mean)
+
+    def long_isl() -> lengths.Histogram:
+        return histogram({1024: 60.0, 2048: 60.0, 4096: 60.0}, 1683.0)
+
+    def short_isl() -> lengths.Histogram:
+        return histogram({64: 90.0, 128: 90.0}, 76.0)
+
+    cfg = config(max_replicas=64)
+    before = [core.Observation(time=0.0, rate_rps=3.0, isl=1683, osl=200, ttft_s=0.2, itl_s=0.02,
+                               isl_histogram=long_isl())] * 60
+    pause = [core.Observation(time=0.0, rate_rps=0.0)] * 25
+    after = core.Observation(time=0.0, rate_rps=3.0, isl=76, osl=200, ttft_s=0.05, itl_s=0.02,
+                             isl_histogram=short_isl())
+    memory, current = core.GraphMemory(), dict(ONE_EACH)
+    for k, observation in enumerate([*before, *pause, after]):
+        plan, memory = core.plan_interval(cfg, observation, memory, current=current, capacity=model, now=60.0 * k)
+        current = dict(plan.replicas)
+    assert plan.predicted is not None and plan.predicted.isl == pytest.approx(76.0)
+    assert plan.predicted.isl_mix is not None and max(plan.predicted.isl_mix.lengths) < 128.0
+    fresh, _ = core.plan_interval(cfg, after, core.GraphMemory(), current=ONE_EACH, capacity=model, now=0.0)
+    assert plan.replicas["prefill"] <= max(fresh.replicas["prefill"], 1)
+    assert not plan.warnings
 
 
 def test_a_few_requests_in_the_hand_off_are_not_an_engine_cap() -> None:
@@ -347,8 +393,8 @@ def _surge_long_ago() -> core.GraphMemory:
     scores = [float(s) for s in 0.3 * rng.standard_normal(1000)]
     scores[100] = 20.0
     calibration = core.conformal.Calibration(scores=tuple(scores))
-    return core.GraphMemory(rates=(10.0,) * 60, isls=(2000.0,) * 60, osls=(200.0,) * 60,
-                            forecast_calibration=dict.fromkeys(core.LOADS, calibration))
+    return dataclasses.replace(core.warm_memory((10.0,) * 60, (2000.0,) * 60, (200.0,) * 60, now=0.0, interval_s=60.0),
+                               forecast_calibration=dict.fromkeys(core.LOADS, calibration))
 
 
 def test_a_surprise_in_the_first_intervals_does_not_size_the_fleet_for_many_times_the_peak(
@@ -407,8 +453,9 @@ def test_what_the_planner_learned_survives_a_restart_through_the_graphs_status(m
         plan, _ = core.plan_interval(cfg, seen_at(12), start, current=ONE_EACH, capacity=model, now=720.0)
         return plan
 
-    restarted = core.remember(core.warm_memory(memory.rates, memory.isls, memory.osls), status)
-    cold = core.warm_memory(memory.rates, memory.isls, memory.osls)
+    history = (memory.rates, (2000.0,) * len(memory.rates), (200.0,) * len(memory.rates))
+    restarted = core.remember(core.warm_memory(*history, now=720.0, interval_s=60.0), status)
+    cold = core.warm_memory(*history, now=720.0, interval_s=60.0)
     assert dict(next_plan(restarted).replicas) == dict(next_plan(memory).replicas)
     assert dict(next_plan(cold).replicas) != dict(next_plan(memory).replicas)
     # A hand-edited or foreign status is ignored field by field, never a crash.

@@ -40,6 +40,22 @@ def react(g: reactive.Gauges, floor: tuple[int, int] = (2, 2),
                           bounds=bounds or BOUNDS)
 
 
+def test_a_pool_asleep_at_zero_asks_for_nothing_until_something_waits_for_it() -> None:
+    """Pools scaled to zero (scaling.min 0) with nothing queued: tick after tick the fast path adds no
+    replica (it used to read the next prompt's wait as infinite and add one every tick, undoing each
+    scale to zero). Queued prompt tokens, or prefilled requests waiting for decode, are demand: a
+    replica for the pool they wait on, and none for the other."""
+    zero: dict[sizing.Pool, tuple[int, int]] = {"prefill": (0, 4), "decode": (0, 4)}
+    asleep = gauges(ready=(0, 0))
+    for _ in range(20):
+        reaction = react(asleep, floor=(0, 0), bounds=zero)
+        assert not reaction.changed and dict(reaction.replicas) == {"prefill": 0, "decode": 0}
+    woken = react(gauges(queued=ISL, ready=(0, 0)), floor=(0, 0), bounds=zero)
+    assert woken.changed and dict(woken.replicas) == {"prefill": 1, "decode": 0}
+    handed_off = react(gauges(waiting=3, ready=(1, 0)), floor=(1, 0), bounds=zero)
+    assert handed_off.changed and dict(handed_off.replicas) == {"prefill": 1, "decode": 1}
+
+
 def test_a_quiet_fleet_keeps_its_replicas() -> None:
     reaction = react(gauges(running=8))
     assert not reaction.changed and dict(reaction.replicas) == {"prefill": 2, "decode": 2}
@@ -169,11 +185,11 @@ def test_an_itl_target_below_the_floor_adds_no_decode_every_tick() -> None:
         "components": {"prefill": {"replicas": 2, "scaling": {"max": 16}}, "decode": {"replicas": 2, "scaling": {"max": 16}}},
         "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 1}}})
     config = core.config_from_spec(spec)
-    memory = core.GraphMemory(isls=(float(ISL),), osls=(float(OSL),))
+    memory = core.GraphMemory(lengths=(core.IntervalLengths(0.0, 1.0, float(ISL), float(OSL)),))
     floor = {"prefill": 2, "decode": 2}
     assert react(gauges(running=16), itl_target_s=0.001).changed  # the raw target: more decode, every tick
-    assert not core.react(config, gauges(running=16), memory, floor=floor, capacity=MODEL).changed
-    crowded = core.react(config, gauges(running=400), memory, floor=floor, capacity=MODEL)
+    assert not core.react(config, gauges(running=16), memory, floor=floor, capacity=MODEL, now=0.0).changed
+    crowded = core.react(config, gauges(running=400), memory, floor=floor, capacity=MODEL, now=0.0)
     assert crowded.changed and crowded.replicas["decode"] == 3
 
 
