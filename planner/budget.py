@@ -1,11 +1,11 @@
 """Shared GPU budgets: a pure ledger of who claims what, and each graph's share.
 
-Where it sits: before step 4 of the planner (`sizing.constrain`). Graphs that name the same budget in
-`spec.planner.budget` share its GPUs; each interval a graph is granted its share (its `gpu_budget`
-for `constrain`) from every graph's latest claim, and after planning it claims what its decision would
-use without the budget. The live planner keeps one `BudgetLedger` across intervals, and so does the
-backtest driver when it runs several graphs under one budget (`planner.backtest.driver.run_shared`):
-the same grants in both.
+Where it sits: inside the planning step (planner/step.py), before `sizing.constrain`. Graphs that name
+the same budget in `spec.planner.budget` share its GPUs; each interval a graph is granted its share
+(`grant`: its `gpu_budget` for `constrain`) from every graph's latest claim, and after planning it
+claims what its decision would use without the budget. The live planner keeps one `BudgetLedger` of
+the claims across intervals, and so does the backtest driver when it runs several graphs under one
+budget (`planner.backtest.driver.run_shared`); both hand the step the ledger's `view`.
 
 How a budget is split (`split_budget`): minimums first, then by priority, highest first; graphs of
 one priority that cannot all be served share in proportion to what they want above their minimums.
@@ -121,8 +121,45 @@ class Grant:
     reason: str
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetView:
+    """What a graph naming a shared budget reads of it before it plans: the budget, every graph's latest
+    claim on it, and the GPUs the other graphs run now (their DynamoGraphComponents' replicas)."""
+
+    name: str
+    gpus: int
+    claims: tuple[BudgetClaim, ...] = ()
+    others_in_use: int = 0
+
+
+def _with_own(view: BudgetView, *, graph: str, priority: int, min_gpus: int) -> list[BudgetClaim]:
+    """The view's claims, with `graph`'s own: its latest, or, new to the budget, its minimum (until it has
+    planned once and claims what it wants)."""
+    claims = list(view.claims)
+    if not any(claim.graph == graph for claim in claims):
+        claims.append(BudgetClaim(graph=graph, priority=priority, min_gpus=min_gpus, wanted_gpus=min_gpus))
+    return claims
+
+
+def grant(view: BudgetView, *, graph: str, priority: int, min_gpus: int, own_cap: int | None = None) -> Grant:
+    """`graph`'s GPUs of the budget for this interval, from every graph's latest claim (pure). `own_cap`
+    is the graph's own gpuBudget: the grant never exceeds it."""
+    split = split_budget(_with_own(view, graph=graph, priority=priority, min_gpus=min_gpus), view.gpus)
+    share = split.gpus[graph]
+    if own_cap is not None and own_cap < share:
+        return Grant(own_cap, f"gpuBudget {own_cap} (below its {share}-GPU share of the shared budget)")
+    return Grant(share, split.reasons[graph])
+
+
+def minimums(view: BudgetView, *, graph: str, min_gpus: int) -> int:
+    """The GPUs the minimums of every graph naming the budget need together, `graph` included: above the
+    budget, it is overrun by the difference."""
+    return sum(claim.min_gpus for claim in _with_own(view, graph=graph, priority=0, min_gpus=min_gpus))
+
+
 class BudgetLedger:
-    """The GPU budgets graphs share, and each graph's latest claim on the one it names.
+    """The GPU budgets graphs share, and each graph's latest claim on the one it names: the store a
+    planner keeps between intervals (the decisions are `grant`'s, on the `view` it gives).
 
     A graph claims one budget at a time: a claim on another budget moves it there, and `release`
     removes it, so that its share goes back to the others. Nothing else is remembered between
@@ -144,13 +181,9 @@ class BudgetLedger:
         claims = [claim for name, claim in self._claims.values() if name == budget]
         return sorted(claims, key=lambda claim: claim.graph)
 
-    def minimums(self, budget: str) -> int:
-        """The GPUs the claimants' minimums need together: above the budget, it is overrun by the difference."""
-        return sum(claim.min_gpus for claim in self.claims(budget))
-
-    def split(self, budget: str) -> BudgetSplit:
-        """Every claimant's share of `budget` now."""
-        return split_budget(self.claims(budget), self.budgets[budget])
+    def view(self, budget: str, *, others_in_use: int = 0) -> BudgetView:
+        """`budget` as a graph reads it before planning."""
+        return BudgetView(budget, self.budgets[budget], tuple(self.claims(budget)), others_in_use)
 
     def claim(self, budget: str, claim: BudgetClaim) -> None:
         """Record what `claim.graph` wants of `budget` (its decision's GPUs without the budget)."""
@@ -158,23 +191,6 @@ class BudgetLedger:
             known = ", ".join(sorted(self.budgets)) or "none"
             raise KeyError(f"no budget {budget!r}; the budgets are {known}")
         self._claims[claim.graph] = (budget, claim)
-
-    def grant(self, budget: str, *, graph: str, priority: int, min_gpus: int,
-              own_cap: int | None = None) -> Grant:
-        """`graph`'s GPUs of `budget` for this interval, from every graph's latest claim.
-
-        A graph new to the budget claims its minimum until it has planned once (then `claim` says what
-        it wants). `own_cap` is the graph's own gpuBudget: the grant never exceeds it.
-        """
-        current = self._claims.get(graph)
-        if current is None or current[0] != budget:
-            newcomer = BudgetClaim(graph=graph, priority=priority, min_gpus=min_gpus, wanted_gpus=min_gpus)
-            self.claim(budget, newcomer)
-        split = self.split(budget)
-        share = split.gpus[graph]
-        if own_cap is not None and own_cap < share:
-            return Grant(own_cap, f"gpuBudget {own_cap} (below its {share}-GPU share of the shared budget)")
-        return Grant(share, split.reasons[graph])
 
     def release(self, graph: str) -> None:
         """`graph` left (deleted, planner off, no budget named): its share goes back to the others."""

@@ -1,8 +1,9 @@
 """The planner core: one interval of one graph, from an observation to the replicas to run.
 
 Steps 2-4 of observe → predict → size → constrain → actuate, as one pure function of plain data:
-the live loop (Prometheus + Kubernetes) and the replay driver (the fleet simulator) both call
-`plan_interval`, so every claim about the planner can be backtested. The graph's memory (its load
+the planning step (planner/step.py) calls `plan_interval` each interval, for the live loop
+(Prometheus + Kubernetes) and the replay driver (the fleet simulator) alike, so every claim about the
+planner can be backtested. The graph's memory (its load
 history and scale-down timers) is plain data handed in and returned, never hidden state.
 
 Forecast horizon: a replica asked for now serves only after `startup_s`, so the planner sizes for
@@ -750,8 +751,8 @@ def plan_interval(
     forecaster = predictor if predictor is not None else predict.make_predictor(config.predictor)
     forecast = forecaster.forecast(
         memory.rates, steps=config.horizon_steps, step_seconds=config.interval_s, start=memory.forecast_state)
-    seen = recent_lengths(memory.lengths, now=now, interval_s=config.interval_s)
-    isl, osl = max(recent_length(seen, "isl"), 1.0), max(recent_length(seen, "osl"), 1.0)
+    recent = recent_lengths(memory.lengths, now=now, interval_s=config.interval_s)
+    isl, osl = max(recent_length(recent, "isl"), 1.0), max(recent_length(recent, "osl"), 1.0)
     interval_burst = 1.0
     if observation.burst_rate_rps is not None and rate > 0:
         interval_burst = burstiness(observation.burst_rate_rps, rate, percentile=config.sla.percentile)
@@ -763,7 +764,7 @@ def plan_interval(
     cautious_level = cautious_risk(config.risk)
     cautious = None if cautious_level is None else load_at_risk(pending, memory, risk=cautious_level, burst=burst)
     if config.length_mix:
-        isl_mix, osl_mix = recent_mix(seen, "isl", isl), recent_mix(seen, "osl", osl)
+        isl_mix, osl_mix = recent_mix(recent, "isl", isl), recent_mix(recent, "osl", osl)
         load = dataclasses.replace(load, isl_mix=isl_mix, osl_mix=osl_mix)
         if cautious is not None:
             cautious = dataclasses.replace(cautious, isl_mix=isl_mix, osl_mix=osl_mix)

@@ -1,7 +1,11 @@
 """The live planner: one process plans every DynamoGraph whose planner is on.
 
-Each graph is planned once per its `spec.planner.intervalSeconds`: observe it in Prometheus (in a
-thread: the client is synchronous), run the pure core (`core.plan_interval`), then actuate. In
+Read → step → write. Each graph is planned once per its `spec.planner.intervalSeconds`: observe it in
+Prometheus (in a thread: the client is synchronous), read its DynamoGraphComponents and its shared
+budget's claims, take the one pure planning step (`step.step`, which the backtest takes too), then
+write what it decided; the fast path between intervals and scale to zero every tick are readings of
+the same step. Everything kept of a graph is one `PlannedGraph`, forgotten whole with its metric
+series when the graph goes. In
 `sla` mode actuation writes the `/scale` of each DynamoGraphComponent — never the graph's spec, so a
 graph kept in git never drifts. In `advisory` mode it only records. Either way the decision and its
 reasons go to the graph's `status.planner` and a `PlannerActive` condition (applied server-side as
@@ -17,7 +21,7 @@ import dataclasses
 import logging
 import time
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
@@ -32,7 +36,7 @@ from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import budget as budget_mod
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import core, frontends, reactive, sizing, zero
+from fleetpilot.planner import core, frontends, sizing, step
 from fleetpilot.planner import drift as drifts
 from fleetpilot.planner import observe as observe_mod
 from fleetpilot.planner.observe import PrometheusObserver
@@ -115,6 +119,12 @@ PROFILE_DRIFT_RATIO = Gauge("fleetpilot_planner_profile_drift_ratio",
 PLANNING_SECONDS = Histogram("fleetpilot_planner_planning_duration_seconds", "Time to plan one graph once.",
                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
+# Every metric labelled with a graph: a deleted graph's series go with it (`LivePlanner.forget`).
+GRAPH_METRICS: tuple[Gauge | Counter, ...] = (
+    PREDICTED_RATE, OBSERVED_RATE, DESIRED, CORRECTION, LATENCY_OFFSET, QUEUE_SHARING, BURST, FORECAST_COVERAGE, RISK,
+    FORECAST_ERROR, HOLDING, TRAFFIC_STOPPED, GPUS, WANTED_GPUS, GPU_BUDGET, SLA_TARGET, SLA_OBJECTIVE, BINDING,
+    FAST_PATH, SCALE_TO_ZERO, PROFILE_DRIFT, PROFILE_DRIFT_RATIO)
+
 # Graphs without a shared budget planned at once (`LivePlanner.tick`): their apiserver writes overlap.
 PLAN_CONCURRENCY = 8
 
@@ -140,22 +150,16 @@ def simulator_profile(tensor_parallel: int, *, pipeline_parallel: int = 1, nodes
         concurrencies=[1, 2, 4, 8, 16, 32, 64, 128, 256], engine="simulator")
 
 
-@dataclasses.dataclass(frozen=True)
-class FastPathState:
-    """What the fast path needs from a graph's last plan."""
+@dataclasses.dataclass
+class PlannedGraph:
+    """What the live planner keeps of one graph: its planning state (the step's), the config its last plan
+    was made with (the fast path's, between intervals), and when its next plan and fast-path reading fall
+    due. A deleted graph's goes whole (`LivePlanner.forget`)."""
 
-    config: core.GraphPlanConfig
-    capacity: capacities.CapacityModel
-    floor: dict[sizing.Pool, int]
-
-
-@dataclasses.dataclass(frozen=True)
-class ArrivalReadings:
-    """The frontends' request counter at the last fast-path tick, and the readings between ticks."""
-
-    counted: float
-    at: float  # the planner's clock (monotonic seconds)
-    readings: tuple[reactive.Reading, ...] = ()
+    state: step.GraphState = dataclasses.field(default_factory=step.GraphState)
+    config: step.StepConfig | None = None
+    next_plan: float = 0.0  # the planner's clock (monotonic seconds)
+    next_react: float = 0.0
 
 
 def _set_binding(namespace: str, name: str, pool: str, why: sizing.Binding) -> None:
@@ -202,13 +206,6 @@ def _caught_up(seen: dict[str, Any], version: str) -> bool:
         return True
 
 
-def write_order(current: Mapping[sizing.Pool, int], decided: Mapping[sizing.Pool, int]) -> list[tuple[sizing.Pool, int]]:
-    """The /scale writes that take pools from `current` to `decided`: every shrink before any grow, so no
-    moment between two writes uses more GPUs than both ends (pure)."""
-    changed = [(pool, n) for pool, n in decided.items() if n != current.get(pool)]
-    return sorted(changed, key=lambda change: change[1] > current.get(change[0], 0))
-
-
 def _may_sleep(body: dict[str, Any]) -> bool:
     """A graph in sla mode with a worker pool whose scaling.min is 0."""
     spec = body.get("spec", {})
@@ -221,15 +218,6 @@ def _may_sleep(body: dict[str, Any]) -> bool:
 def rolling_out(body: dict[str, Any]) -> bool:
     """Whether the operator reports a rollout between generations under way (status.rollout)."""
     return ((body.get("status") or {}).get("rollout") or {}).get("phase") == "Progressing"
-
-
-def _asleep(plan: core.Plan, graph: api.DynamoGraph) -> core.Plan:
-    """The plan of a graph asleep: its pools that may be at zero stay there until a request is held."""
-    pools = [p for p, w in graph.spec.components.workers().items() if w.scaling.min_replicas == 0]
-    return dataclasses.replace(
-        plan, replicas={**plan.replicas, **{p: 0 for p in pools}},
-        binding={**plan.binding, **dict.fromkeys(pools, "idle")},
-        reasons=[*plan.reasons, f"{', '.join(pools)}: asleep (no request for spec.planner.idleSeconds)"])
 
 
 class ProfileError(Exception):
@@ -251,18 +239,9 @@ class LivePlanner:
         self.namespaces = namespaces or [None]  # type: ignore[list-item]
         self.startup_s = startup_s
         self.hold_s = hold_s
-        self.memory: dict[tuple[str, str], core.GraphMemory] = {}
+        # Every graph planned: its planning state, its last plan's config, when it is next due.
+        self.planned: dict[tuple[str, str], PlannedGraph] = {}
         self._sla_buckets: dict[tuple[str, str, str], str] = {}  # (namespace, graph, metric) -> le exported
-        self.next_due: dict[tuple[str, str], float] = {}
-        # The fast path between intervals: per graph, what its last plan was made with and decided
-        # (the floor it never goes below), and when it next looks at the engines' queues.
-        self.fast: dict[tuple[str, str], FastPathState] = {}
-        self.next_react: dict[tuple[str, str], float] = {}
-        # The arrivals the fast path read per graph: the frontends' counter and when, and the readings
-        # its trend is fitted from (`reactive.rate_ahead`).
-        self.arrivals: dict[tuple[str, str], ArrivalReadings] = {}
-        # Scale to zero: whether each graph that may sleep was idle at its last reading (planner/zero.py).
-        self.asleep: dict[tuple[str, str], bool] = {}
         self._profiles: dict[tuple[str, str, str], capacities.CapacityModel] = {}
         # Graphs and their components, each kept by one watch per namespace instead of a LIST per tick.
         self.graphs = informer.Store(indexers={"budget": _budget_of})
@@ -325,7 +304,9 @@ class LivePlanner:
         for key, body in sorted(planned.items()):
             # Every tick, for graphs that may scale to zero: a held request wakes them within a second.
             if not _may_sleep(body):
-                self.asleep.pop(key, None)
+                graph_state = self.planned.get(key)
+                if graph_state is not None:
+                    graph_state.state = dataclasses.replace(graph_state.state, asleep=False)
                 continue
             if not self.may_act():
                 return
@@ -334,7 +315,8 @@ class LivePlanner:
             except (kube_mod.ApiError, httpx.HTTPError) as error:
                 ERRORS.labels("kubernetes").inc()
                 logger.warning("scale to zero for %s/%s failed: %s", *key, error or type(error).__name__)
-        due = [(key, body) for key, body in sorted(planned.items()) if self.next_due.get(key, 0) <= now]
+        due = [(key, body) for key, body in sorted(planned.items())
+               if key not in self.planned or self.planned[key].next_plan <= now]
         if due and self.may_act():
             await self._observe_all(due)
         # Graphs on their own are planned PLAN_CONCURRENCY at a time: their writes (status, /scale,
@@ -354,16 +336,17 @@ class LivePlanner:
                 await self._plan_due(key, body, now)
         self._observed.clear()
         for key, body in sorted(planned.items()):
-            state = self.fast.get(key)
-            if state is None or state.config.reactive_period_s is None or self.next_react.get(key, 0) > now:
+            kept = self.planned.get(key)
+            if kept is None or kept.config is None or kept.state.floor is None or kept.next_react > now:
                 continue
-            if rolling_out(body):
-                continue  # a rollout moves capacity between generations: the planner holds until it is done
+            period = kept.config.plan.reactive_period_s
+            if period is None:
+                continue
             if not self.may_act():
                 return
-            self.next_react[key] = now + state.config.reactive_period_s
+            kept.next_react = now + period
             try:
-                await self.react_graph(body, state)
+                await self.react_graph(body)
             except (kube_mod.ApiError, httpx.HTTPError) as error:
                 ERRORS.labels("kubernetes").inc()
                 logger.warning("fast path for %s/%s failed: %s", *key, error)
@@ -372,7 +355,8 @@ class LivePlanner:
         """Plan one due graph (while this replica may act), and schedule its next interval."""
         if not self.may_act():
             return
-        self.next_due[key] = now + float(body["spec"]["planner"].get("intervalSeconds", 60))
+        self.planned.setdefault(key, PlannedGraph()).next_plan = now + float(
+            body["spec"]["planner"].get("intervalSeconds", 60))
         with PLANNING_SECONDS.time():
             try:
                 await self.plan_graph(body)
@@ -406,20 +390,35 @@ class LivePlanner:
                                                               percentile=percentile))
 
     def _forget_all_but(self, planned: Iterable[tuple[str, str]]) -> None:
-        """Graphs deleted or with the planner turned off: their history goes, their budget share goes back."""
+        """Graphs deleted or with the planner turned off: forgotten (`forget`), their budget shares given back."""
         keep = set(planned)
-        for key in [k for k in self.next_due if k not in keep]:
-            self.next_due.pop(key, None)
-            self.memory.pop(key, None)
-            self.fast.pop(key, None)
-            self.next_react.pop(key, None)
-            self.arrivals.pop(key, None)
-            self.asleep.pop(key, None)
+        for key in [k for k in self.planned if k not in keep]:
+            self.forget(key)
         names = {f"{namespace}/{name}" for namespace, name in keep}
         for budget in self.ledger.budgets:
             for claim in self.ledger.claims(budget):
                 if claim.graph not in names:
                     self.ledger.release(claim.graph)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """Everything the planner holds of graph `key`, in one place: its planning state, its claim on a
+        shared budget, the /scale writes it awaits, and every metric series labelled with it."""
+        namespace, name = key
+        self.planned.pop(key, None)
+        self.ledger.release(f"{namespace}/{name}")
+        for kept in [k for k in self._sla_buckets if k[:2] == key]:
+            del self._sla_buckets[kept]
+        for pool in api.WORKER_COMPONENTS:
+            self._written.pop((namespace, contract.child_name(name, pool)), None)
+        for metric in GRAPH_METRICS:
+            for family in metric.collect():
+                labelled = {tuple(sample.labels.values()) for sample in family.samples
+                            if sample.labels.get("namespace") == namespace and sample.labels.get("graph") == name}
+                for values in labelled:
+                    try:
+                        metric.remove(*values)
+                    except KeyError:
+                        pass  # a counter's _created sample names the same series as its _total
 
     async def _capacity(self, graph: api.DynamoGraph) -> capacities.CapacityModel:
         spec = graph.spec
@@ -471,12 +470,12 @@ class LivePlanner:
                 used += (replicas if replicas is not None else int(worker.get("replicas", 1))) * per_replica
         return used
 
-    def _room(self, budget: str, key: tuple[str, str], config: core.GraphPlanConfig,
-              current: Mapping[sizing.Pool, int]) -> int:
-        """The most GPUs graph `key` may run now under `budget`: what the others leave free, and never less
-        than it runs (shrinking it is its share's business, not the others')."""
-        running = sum(n * config.gpus_per_replica[pool] for pool, n in current.items())
-        return max(self.ledger.budgets[budget] - self.gpus_in_use(budget, besides=key), running)
+    def _budget_view(self, budget: str | None, key: tuple[str, str]) -> budget_mod.BudgetView | None:
+        """The shared budget `budget` as graph `key` reads it before a step: the ledger's claims and what
+        the other graphs naming it run now."""
+        if budget is None or budget not in self.ledger:
+            return None
+        return self.ledger.view(budget, others_in_use=self.gpus_in_use(budget, besides=key))
 
     def _asked(self, namespace: str, component: str) -> int | None:
         """A DynamoGraphComponent's spec.replicas: this planner's own last /scale write until the watch has
@@ -514,90 +513,74 @@ class LivePlanner:
             ready[pool] = int(dgc.get("status", {}).get("readyReplicas", current[pool]))
         return current, ready
 
+    def _step_config(self, graph: api.DynamoGraph, capacity: capacities.CapacityModel) -> step.StepConfig:
+        spec = graph.spec
+        may_sleep = any(worker.scaling.min_replicas == 0 for worker in spec.components.workers().values())
+        return step.StepConfig(
+            plan=core.config_from_spec(spec, startup_s=self.startup_s, hold_s=self.hold_s), capacity=capacity,
+            graph=f"{graph.metadata.namespace}/{graph.metadata.name}", priority=spec.planner.priority,
+            idle_s=float(spec.planner.idle_seconds) if may_sleep else None)
+
+    async def _fleet(self, graph: api.DynamoGraph, body: dict[str, Any]) -> step.Fleet:
+        current, ready = await self._replicas(graph)
+        return step.Fleet(current=current, ready=ready, rolling_out=rolling_out(body))
+
+    async def _write(self, namespace: str, name: str, writes: Iterable[tuple[sizing.Pool, int]]) -> bool:
+        """The decision's /scale writes, in order, while this replica may act; False if it stopped."""
+        for pool, replicas in writes:
+            if not self.may_act():  # the Lease may have gone during the write before: not one more
+                return False
+            await self._scale(namespace, contract.child_name(name, pool), replicas)
+        return True
+
     async def plan_graph(self, body: dict[str, Any]) -> core.Plan | None:
+        """One interval of one graph: read its world, `step.step`, write what the decision says."""
         graph = api.DynamoGraph.model_validate(body)
         namespace, name = graph.metadata.namespace, graph.metadata.name
         key = (namespace, name)
-        config = core.config_from_spec(graph.spec, startup_s=self.startup_s, hold_s=self.hold_s)
-        budget_note = ""
-        shared_warning: tuple[str, str] | None = None
         budget = graph.spec.planner.budget
-        current, ready = await self._replicas(graph)
         if budget is None:
             self.ledger.release(f"{namespace}/{name}")  # it named one before: its share goes back
-        else:
-            if budget not in self.ledger:
-                await self._report(body, plan=None, active=False, reason="UnknownBudget",
-                                   message=f"spec.planner.budget {budget!r} is not one of the planner's budgets"
-                                   f" ({', '.join(sorted(self.ledger.budgets)) or 'none'}); start the planner with"
-                                   f" --gpu-budget {budget}=GPUS")
-                return None
-            grant = self.ledger.grant(budget, graph=f"{namespace}/{name}", priority=graph.spec.planner.priority,
-                                      min_gpus=core.min_gpus(config), own_cap=config.gpu_budget)
-            budget_note = grant.reason
-            gpus = grant.gpus
-            room = self._room(budget, key, config, current)
-            if gpus > room:
-                gpus = room
-                budget_note += f"; {room} GPUs free until the others' shrinks are written: growing to {gpus} for now"
-            config = dataclasses.replace(config, gpu_budget=gpus)
-            shared_short = self.ledger.minimums(budget) - self.ledger.budgets[budget]
-            if shared_short > 0:
-                shared_warning = ("BudgetBelowMinimum", (
-                    f"shared GPU budget {budget} ({self.ledger.budgets[budget]} GPUs) is {shared_short} short of"
-                    " the minimums of the graphs naming it: each keeps its scaling.min, over budget; raise"
-                    f" --gpu-budget {budget} or lower scaling.min"))
+        elif budget not in self.ledger:
+            await self._report(body, plan=None, active=False, reason="UnknownBudget",
+                               message=f"spec.planner.budget {budget!r} is not one of the planner's budgets"
+                               f" ({', '.join(sorted(self.ledger.budgets)) or 'none'}); start the planner with"
+                               f" --gpu-budget {budget}=GPUS")
+            return None
         try:
             capacity = await self._capacity(graph)
         except ProfileError as error:
             ERRORS.labels("profile").inc()
             await self._report(body, plan=None, active=False, reason="NoProfile", message=str(error))
             return None
+        config = self._step_config(graph, capacity)
+        fleet = await self._fleet(graph, body)
         observation = self._observed.pop(key, None)
         if observation is None:
             observation = await asyncio.to_thread(
-                self.observer.observe, namespace=namespace, graph=name, window_s=int(config.interval_s),
-                percentile=config.sla.percentile)
-        memory = self.memory.get(key)
-        if memory is None:
-            memory = await self._warm_start(namespace, name, config, body)
-        plan, self.memory[key] = core.plan_interval(
-            config, observation, memory, current=current, capacity=capacity, now=self.clock(), ready=ready)
-        if budget_note:
-            plan = dataclasses.replace(plan, reasons=[*plan.reasons, f"budget {budget}: {budget_note}"])
-        if shared_warning is not None and plan.warnings is not None:
-            plan = dataclasses.replace(plan, warnings=(*plan.warnings, shared_warning))
-        if self.asleep.get(key):
-            plan = _asleep(plan, graph)
+                self.observer.observe, namespace=namespace, graph=name, window_s=int(config.plan.interval_s),
+                percentile=config.plan.sla.percentile)
+        kept = self.planned.setdefault(key, PlannedGraph())
+        if kept.config is None and not kept.state.memory.rates:
+            memory = await self._warm_start(namespace, name, config.plan, body)
+            kept.state = dataclasses.replace(kept.state, memory=memory)
+        reading = step.IntervalReading(observation=observation, fleet=fleet, budget=self._budget_view(budget, key))
+        decision, state = step.step(config, kept.state, reading, now=self.clock())
+        plan = decision.plan
+        assert plan is not None  # an interval's step always plans
         if not self.may_act():
             return None
-        if config.mode == "sla" and config.disaggregated and plan.data_ok:
-            self.fast[key] = FastPathState(config=config, capacity=capacity, floor=dict(plan.replicas))
-        else:
-            self.fast.pop(key, None)  # advisory, aggregated or holding for lack of data: nothing between intervals
-        self._export(namespace, name, plan, config)
+        kept.state, kept.config = state, config
+        self._export(namespace, name, plan, dataclasses.replace(config.plan, gpu_budget=state.granted))
         logger.info("%s/%s: %s%s", namespace, name, dict(plan.replicas), "" if plan.data_ok else " (holding)")
-
-        changed = dict(write_order(current, plan.replicas))
-        holding_for_rollout = config.mode == "sla" and rolling_out(body)
-        if holding_for_rollout:
-            # Advisory while generations change: the rollout sizes each generation from the totals the
-            # planner set last; a new total now would move the goalposts of a half-done rollout.
-            plan = dataclasses.replace(plan, reasons=[*plan.reasons, "holding: a rollout is in progress"])
-        scaling = config.mode == "sla" and not holding_for_rollout
-        if scaling:
-            for pool, replicas in changed.items():
-                if not self.may_act():  # the Lease may have gone during the write before: not one more
-                    return None
-                await self._scale(namespace, contract.child_name(name, pool), replicas)
-        if budget is not None and plan.wanted_gpus is not None:
+        if not await self._write(namespace, name, decision.writes):
+            return None
+        if budget is not None and decision.claim is not None:
             # Claimed once written: a claim that fell before its shrink was written would let another
             # graph's share grow into GPUs still in use.
-            self.ledger.claim(budget, budget_mod.BudgetClaim(
-                graph=f"{namespace}/{name}", priority=graph.spec.planner.priority, min_gpus=core.min_gpus(config),
-                wanted_gpus=plan.wanted_gpus))
-        if scaling and changed:
-            await self._event(body, "Scaled", ", ".join(f"{p} {current[p]}→{n}" for p, n in changed.items())
+            self.ledger.claim(budget, decision.claim)
+        if decision.writes:
+            await self._event(body, "Scaled", ", ".join(f"{p} {fleet.current[p]}→{n}" for p, n in decision.writes)
                               + f": {plan.reason}")
         if plan.outage:  # planned: the hold is the decision, not an error (plan.observed says why)
             await self._report(body, plan=plan, active=False, reason="TrafficStopped",
@@ -607,22 +590,21 @@ class LivePlanner:
             await self._report(body, plan=plan, active=False, reason="NoMetrics",
                                message=f"holding replicas: {observation.error or 'incomplete metrics'}")
         else:
-            verb = "scaling" if config.mode == "sla" else "advising (mode advisory: replicas untouched)"
-            if holding_for_rollout:
+            verb = "scaling" if config.acts else "advising (mode advisory: replicas untouched)"
+            if decision.rollout_hold:
                 verb = "advising until the rollout completes (replicas untouched)"
             await self._report(body, plan=plan, active=True, reason="Planning", message=f"{verb}; {plan.reason}",
-                               learned=core.learned(self.memory[key]), profile=capacity.profile.source,
+                               learned=core.learned(state.memory), profile=capacity.profile.source,
                                warnings=plan.warnings)
         return plan
 
     async def wake_or_sleep(self, body: dict[str, Any]) -> dict[str, int]:
-        """Scale to zero and back (planner/zero.py) from the graph's frontends read now: wake the pools at
-        zero when a request is held, send the pools that may sleep to zero after the idle window."""
+        """Scale to zero and back (the step's `DemandReading`) from the graph's frontends read now: wake the
+        pools at zero when a request is held, send the pools that may sleep to zero after the idle window."""
         graph = api.DynamoGraph.model_validate(body)
         namespace, name = graph.metadata.namespace, graph.metadata.name
         key = (namespace, name)
-        if rolling_out(body):
-            return {}
+        kept = self.planned.setdefault(key, PlannedGraph())
         pods = self.frontend_pods.by_index("graph", key)
         urls = [url for pod in pods if (url := contract.pod_http_url(pod)) is not None]
         if self._http is None:
@@ -630,32 +612,29 @@ class LivePlanner:
         texts = await scrape.read_texts(self._http, urls)
         demand = None if texts is None else frontends.demand_from_expositions(texts)
         if demand is None:
-            self.asleep.pop(key, None)  # unknown: never sleep on a guess
+            kept.state = dataclasses.replace(kept.state, asleep=False)  # unknown: never sleep on a guess
             return {}
-        idle_window = float(graph.spec.planner.idle_seconds)
-        self.asleep[key] = zero.asleep(demand, idle_window)
-        asked, _ = await self._replicas(graph)
-        current = {str(pool): n for pool, n in asked.items()}
-        change = zero.decide(min_replicas={p: w.scaling.min_replicas for p, w in graph.spec.components.workers().items()},
-                             current=current, demand=demand, idle_window_s=idle_window)
-        if not change or not self.may_act():
+        try:  # the last plan's profile; before the first plan, the graph's own (cached)
+            capacity = kept.config.capacity if kept.config is not None else await self._capacity(graph)
+        except ProfileError:
+            return {}  # its plan says NoProfile
+        config = self._step_config(graph, capacity)
+        fleet = await self._fleet(graph, body)
+        decision, state = step.step(config, kept.state, step.DemandReading(demand=demand, fleet=fleet),
+                                    now=self.clock())
+        kept.state = state
+        if not decision.writes or not self.may_act():
             return {}
-        for pool, replicas in change.items():
-            await self._scale(namespace, contract.child_name(name, pool), replicas)
+        await self._write(namespace, name, decision.writes)
+        for pool, replicas in decision.writes:
             DESIRED.labels(namespace, name, pool).set(replicas)
             _set_binding(namespace, name, pool, "idle")
-        moves = ", ".join(f"{p} {current.get(p, 0)}→{n}" for p, n in change.items())
-        if demand.held > 0:
-            SCALE_TO_ZERO.labels(namespace, name, "woken").inc()
-            why = f"{demand.held:g} request(s) held by the frontend for a worker"
-            reason = "WokenUp"
-        else:
-            SCALE_TO_ZERO.labels(namespace, name, "asleep").inc()
-            why = f"no request for {demand.idle_s:.0f} s (spec.planner.idleSeconds {idle_window:g})"
-            reason = "ScaledToZero"
-        logger.info("%s/%s: %s: %s", namespace, name, moves, why)
-        await self._event(body, reason, f"{moves}: {why}")
-        return change
+        moves = ", ".join(f"{p} {fleet.current.get(p, 0)}→{n}" for p, n in decision.writes)
+        SCALE_TO_ZERO.labels(namespace, name, decision.kind).inc()
+        reason = "WokenUp" if decision.kind == "woken" else "ScaledToZero"
+        logger.info("%s/%s: %s: %s", namespace, name, moves, decision.reason)
+        await self._event(body, reason, f"{moves}: {decision.reason}")
+        return {str(pool): n for pool, n in decision.writes}
 
     async def _warm_start(self, namespace: str, name: str, config: core.GraphPlanConfig,
                           body: dict[str, Any]) -> core.GraphMemory:
@@ -676,11 +655,15 @@ class LivePlanner:
             memory = core.remember(memory, known)
         return memory
 
-    async def react_graph(self, body: dict[str, Any], state: FastPathState) -> reactive.Reaction | None:
-        """The fast path for one graph (`core.react`): from the engines' queues now, add the replicas the
-        pool that is short needs, never below the last plan's decision; None when the queues are unknown."""
+    async def react_graph(self, body: dict[str, Any]) -> step.Decision | None:
+        """The fast path for one graph (the step's `QueueReading`): from the engines' queues now, add the
+        replicas the pool that is short needs, never below the last plan's decision; None when the queues
+        are unknown or the graph has not been planned."""
         graph = api.DynamoGraph.model_validate(body)
         namespace, name = graph.metadata.namespace, graph.metadata.name
+        kept = self.planned.get((namespace, name))
+        if kept is None or kept.config is None:
+            return None
         engines = await self.read_frontends(namespace, name)
         source = "frontend"
         if engines is None:
@@ -689,56 +672,23 @@ class LivePlanner:
         if engines is None:
             return None
         FAST_PATH_READS.labels(source).inc()
-        memory = self.memory.get((namespace, name), core.GraphMemory())
-        current, ready = await self._replicas(graph)
-        now = self.clock()
-        isl = core.recent_length(core.recent_lengths(memory.lengths, now=now, interval_s=state.config.interval_s), "isl")
-        gauges = reactive.Gauges(
-            prefill_queued_tokens=engines.prefill_waiting * isl, decode_running=engines.decode_running,
-            decode_waiting=engines.decode_waiting, ready=ready, active=current)
-        config = state.config
-        trend = self._read_arrivals((namespace, name), engines.started, config)
-        ahead = core.needed_ahead(config, memory, state.capacity, trend, now=now) if trend is not None else None
-        budget = graph.spec.planner.budget
-        if budget is not None and budget in self.ledger and config.gpu_budget is not None:
-            # The others may have grown into what this graph's last plan left unused: only what is free now.
-            config = dataclasses.replace(config, gpu_budget=min(config.gpu_budget,
-                                                                self._room(budget, (namespace, name), config, current)))
-        reaction = core.react(config, gauges, memory, floor=state.floor, capacity=state.capacity, now=now, trend=trend,
-                              ahead=ahead)
-        if not reaction.changed or not self.may_act():
-            return reaction
-        added = {pool: n for pool, n in reaction.replicas.items() if n > current.get(pool, 0)}
-        for pool, replicas in added.items():
-            await self._scale(namespace, contract.child_name(name, pool), replicas)
-            FAST_PATH.labels(namespace, name, pool).inc(replicas - current[pool])
+        fleet = await self._fleet(graph, body)
+        reading = step.QueueReading(
+            fleet=fleet, decode_running=engines.decode_running, decode_waiting=engines.decode_waiting,
+            prefill_waiting=engines.prefill_waiting, started=engines.started,
+            budget=self._budget_view(graph.spec.planner.budget, (namespace, name)))
+        decision, kept.state = step.step(kept.config, kept.state, reading, now=self.clock())
+        if not decision.writes or not self.may_act():
+            return decision
+        await self._write(namespace, name, decision.writes)
+        for pool, replicas in decision.writes:
+            FAST_PATH.labels(namespace, name, pool).inc(replicas - fleet.current[pool])
             DESIRED.labels(namespace, name, pool).set(replicas)
             _set_binding(namespace, name, pool, "fast-path")
-        if added:
-            why = "; ".join(reaction.reasons)
-            logger.info("%s/%s: fast path %s: %s", namespace, name, added, why)
-            await self._event(body, "FastPath", ", ".join(f"{p} {current[p]}→{n}" for p, n in added.items())
-                              + f": {why}")
-        return reaction
-
-    def _read_arrivals(self, key: tuple[str, str], counted: float | None,
-                       config: core.GraphPlanConfig) -> reactive.Trend | None:
-        """Remember the requests the frontends received since the last tick, and the trend of the last
-        readings. A counter that is not read, or that went back (a frontend restarted or left), starts
-        the readings afresh: its difference is not the arrivals."""
-        now = self.clock()
-        last = self.arrivals.get(key)
-        if counted is None:
-            self.arrivals.pop(key, None)
-            return None
-        if last is None or counted < last.counted or now <= last.at:
-            self.arrivals[key] = ArrivalReadings(counted, now)
-            return None
-        readings, trend = reactive.read_arrivals(
-            last.readings, reactive.Reading(last.at, now, counted - last.counted), startup_s=config.startup_s,
-            period_s=config.reactive_period_s or config.interval_s)
-        self.arrivals[key] = ArrivalReadings(counted, now, readings)
-        return trend
+        logger.info("%s/%s: fast path %s: %s", namespace, name, dict(decision.writes), decision.reason)
+        await self._event(body, "FastPath", ", ".join(f"{p} {fleet.current[p]}→{n}" for p, n in decision.writes)
+                          + f": {decision.reason}")
+        return decision
 
     async def read_frontends(self, namespace: str, name: str) -> observe_mod.EngineGauges | None:
         """The graph's queues from its Ready frontends' /metrics, or None when any does not answer."""

@@ -202,11 +202,9 @@ class _Loop:
         self.targets = policy.initial()
         self.changes: list[tuple[float, Mapping[FleetPool, int]]] = [(0.0, dict(self.targets))]
 
-    def step(self, now: float, *, reacted: bool = False) -> None:
-        """Decide at `now`, after the fast loop's ticks since the last decision (unless `reacted`:
-        the caller has run them, with what they were allowed then)."""
-        if not reacted:
-            self.react_until(now)
+    def step(self, now: float) -> None:
+        """Decide at `now`, after the fast loop's ticks since the last decision."""
+        self.react_until(now)
         self.fleet.run_until(now)
         stats = self.fleet.window(now - self.interval_s, now, percentile=self.sla.percentile)
         decision = self.policy.decide(stats, now)
@@ -326,12 +324,13 @@ def run_shared(graphs: Sequence[SharedGraph], *, budget: int, duration_s: float,
                window_s: float | None = None) -> SharedRun:
     """Several graphs under one GPU budget, as the live planner runs them.
 
-    Every interval, each graph in turn (by name, as the live planner lists them) is granted its share
-    of the budget from every graph's latest claim (`budget.BudgetLedger`: minimums first, then by
-    priority), plans within it (`core.plan_interval` with that gpu_budget), then claims what its
-    decision would have used without the budget. Each fleet starts with its policy's initial replicas,
-    and each graph's first claim is what they use, as if the graphs had been running before (a
-    newcomer's claim would be its minimum: every graph would be cut to it in the first interval).
+    Every interval, each graph in turn (by name, as the live planner lists them) reads the budget as
+    the live planner reads it (`budget.BudgetLedger.view`: every graph's latest claim, and the GPUs the
+    others are asked to run now), takes its fast-path ticks and its interval's step on that view (the
+    step grants its share and bounds it by what is free), and its decision's claim goes into the
+    ledger. Each fleet starts with its policy's initial replicas, and each graph's first claim is what
+    they use, as if the graphs had been running before (a newcomer's claim would be its minimum: every
+    graph would be cut to it in the first interval).
     """
     names = [graph.name for graph in graphs]
     if len(set(names)) != len(names):
@@ -342,23 +341,22 @@ def run_shared(graphs: Sequence[SharedGraph], *, budget: int, duration_s: float,
     granted: dict[str, list[int]] = {g.name: [] for g in ordered}
     wanted: dict[str, list[int]] = {g.name: [] for g in ordered}
     for graph in ordered:
-        # Every GPU of every replica (a multinode group's on all its nodes), as the policy plans.
-        running = sum(graph.policy.initial().values()) * graph.policy.setting.gpus_per_replica
+        # The step names the graph in the budget's claims as the driver does.
+        graph.policy.config = dataclasses.replace(graph.policy.config, graph=graph.name, priority=graph.priority)
         ledger.claim(SHARED, budget_mod.BudgetClaim(graph=graph.name, priority=graph.priority,
-                                                     min_gpus=graph.policy.min_gpus(), wanted_gpus=running))
+                                                     min_gpus=graph.policy.min_gpus(), wanted_gpus=graph.policy.gpus()))
     steps = max(1, math.ceil(duration_s / interval_s))
     for k in range(1, steps + 1):
         for graph in ordered:
-            min_gpus = graph.policy.min_gpus()
-            grant = ledger.grant(SHARED, graph=graph.name, priority=graph.priority, min_gpus=min_gpus)
-            loops[graph.name].react_until(k * interval_s)  # within the last interval's grant
-            graph.policy.cap(grant.gpus)
-            loops[graph.name].step(k * interval_s, reacted=True)
-            want = graph.policy.wanted_gpus()
-            if want is not None:
-                ledger.claim(SHARED, budget_mod.BudgetClaim(graph=graph.name, priority=graph.priority,
-                                                             min_gpus=min_gpus, wanted_gpus=want))
-            granted[graph.name].append(grant.gpus)
+            others = sum(g.policy.gpus() for g in ordered if g.name != graph.name)
+            graph.policy.budget = ledger.view(SHARED, others_in_use=others)
+            loops[graph.name].step(k * interval_s)
+            claim = graph.policy.claim()
+            if claim is not None:
+                ledger.claim(SHARED, claim)
+            granted[graph.name].append(graph.policy.granted() or 0)
+            plan = graph.policy.last_plan
+            want = plan.wanted_gpus if plan is not None else None
             wanted[graph.name].append(-1 if want is None else want)
     return SharedRun(
         budget=budget, runs={name: loop.result(steps, window_s) for name, loop in loops.items()},

@@ -10,7 +10,7 @@ aggressiveness knob, so that a sweep can draw its cost–attainment curve:
 | `hpa` | Kubernetes' HPA formula on utilisation (prefill busy share, decode KV usage), 300 s down-stabilisation, 10% tolerance | target utilisation |
 | `dynamo` | NVIDIA Dynamo's planner as documented today: a predictive throughput loop every 180 s sets a floor, a load loop every 5 s steps ±1 replica on the engines' queues | load factor on the forecast |
 | `dynamo-v1` | Dynamo's earlier throughput-only planner: mean TTFT/ITL corrections (prefill capped at 1), next-interval forecast, no hold | load factor |
-| `fleetpilot-<predictor>` | the real planner core: `core.plan_interval` every interval, `core.react` every 5 s between (`-predictive`: without it; `-mean`: sizing every request at the mean lengths instead of their mix) | risk (the calibrated forecast quantile sized for) |
+| `fleetpilot-<predictor>` | the real planner: its planning step (`step.step`) every interval and every 5 s between (`-predictive`: without it; `-mean`: sizing every request at the mean lengths instead of their mix) | risk (the calibrated forecast quantile sized for) |
 | `oracle` | perfect foresight: the fewest replicas per window with which a share of its requests meets the SLA, asked for a startup time ahead | that share |
 
 Pure: no I/O and no clock. The oracle's per-window needs are computed by the caller (it needs the
@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.planner import budget, core, predict, sizing, step
 from fleetpilot.planner import capacity as capacities
-from fleetpilot.planner import core, predict, reactive, sizing
 from fleetpilot.planner.backtest.fleetsim import FLEET_POOLS, FleetPool, WindowStats
 
 Replicas = dict[FleetPool, int]
@@ -408,13 +408,9 @@ class Dynamo(Base):
 
 
 class Fleetpilot(Base):
-    """The planner itself: `core.plan_interval` every interval and `core.react` between intervals, the
-    calls the live planner makes. `reactive=False` runs the predictive loop alone (the comparison the
+    """The planner itself: `step.step` every interval and, between intervals, every fast-path tick, the
+    step the live planner takes. `reactive=False` runs the predictive loop alone (the comparison the
     report makes); the policy is then named `fleetpilot-<predictor>-predictive`."""
-
-    # The arrivals the fast path has read (its trend), and what the last reading's trend needs.
-    _arrivals: tuple[reactive.Reading, ...]
-    _trend: tuple[reactive.Trend, dict[sizing.Pool, int]] | None
 
     def __init__(self, setting: Setting, predictor: predict.Predictor, *, predictor_name: str, risk: float,
                  initial: Mapping[FleetPool, int], hold_s: float | None = None, reactive: bool = True,
@@ -424,29 +420,42 @@ class Fleetpilot(Base):
         self.knob = risk
         self.predictor = predictor
         self.setting = setting
-        self.config = core.GraphPlanConfig(
+        plan = core.GraphPlanConfig(
             mode="sla", sla=setting.sla, predictor=predictor_name, interval_s=setting.interval_s,
             bounds={pool: api.ScalingBounds.model_validate({"min": lo, "max": hi})
                     for pool, (lo, hi) in setting.bounds.items()},
             gpus_per_replica=dict.fromkeys(FLEET_POOLS, setting.gpus_per_replica),
             startup_s=setting.startup_s, hold_s=hold_s if hold_s is not None else 5 * setting.interval_s,
             risk=risk, length_mix=length_mix, decode_batch_cap=setting.decode_batch_cap,
+            reactive_period_s=5.0 if reactive else None,
         )
-        if not reactive:
-            self.config = dataclasses.replace(self.config, reactive_period_s=None)
-        self.reactive_period_s = self.config.reactive_period_s
-        self.memory = core.GraphMemory()
+        self.config = step.StepConfig(plan=plan, capacity=setting.capacity, graph="graph")
+        self.reactive_period_s = plan.reactive_period_s
         self._initial = setting.clamp(initial)
         self._current: dict[sizing.Pool, int] = dict(self._initial.items())
-        self._floor: dict[sizing.Pool, int] = dict(self._initial.items())
-        self.last_plan: core.Plan | None = None
+        # The fast path's floor is the initial fleet until the first plan; the frontends' counter starts at 0.
+        self.state = step.GraphState(floor=dict(self._initial.items()) if reactive else None,
+                                     arrivals=step.Arrivals(counted=0.0, at=0.0))
+        self.budget: budget.BudgetView | None = None  # the shared budget as the driver reads it, if any
+        self.last_decision: step.Decision | None = None
         self.reactions = 0  # fast-path steps that added replicas
-        self._arrivals = ()
-        self._trend = None
-        self._read_this_interval = 0.0  # requests in this interval's readings so far
+        self._counted = 0.0  # the requests the fleet received up to the last reading (the frontends' counter)
+        self._counted_at = 0.0
+        self._interval_counted = 0.0  # ... up to the last interval's end
+
+    @property
+    def memory(self) -> core.GraphMemory:
+        return self.state.memory
+
+    @property
+    def last_plan(self) -> core.Plan | None:
+        return self.last_decision.plan if self.last_decision is not None else None
 
     def initial(self) -> Replicas:
         return dict(self._initial)
+
+    def _fleet(self, stats: WindowStats) -> step.Fleet:
+        return step.Fleet(current=dict(self._current), ready=dict(stats.ready.items()))
 
     def decide(self, stats: WindowStats, now: float) -> Replicas:
         observation = core.Observation(
@@ -456,74 +465,55 @@ class Fleetpilot(Base):
             decode_running=stats.decode_running, decode_waiting=stats.decode_waiting,
             isl_histogram=stats.isl_histogram, osl_histogram=stats.osl_histogram,
         )
-        plan, self.memory = core.plan_interval(
-            self.config, observation, self.memory, current=self._current, capacity=self.setting.capacity,
-            now=now, ready=dict(stats.ready.items()), predictor=self.predictor,
-        )
-        self.last_plan = plan
-        decision: Replicas = {pool: plan.replicas[pool] for pool in FLEET_POOLS}
-        self._current = dict(decision.items())
-        self._floor = dict(decision.items())
-        self._close_arrivals(stats)
-        return decision
-
-    def _close_arrivals(self, stats: WindowStats) -> None:
-        """The interval's arrivals after its last fast-path tick, as one more reading: the ticks stop a
-        step short of the interval's end (the plan decides there), and a live loop misses nothing."""
-        last = self._arrivals[-1].end if self._arrivals else None
-        if last is not None and stats.start - 1e-9 <= last < stats.end - 1e-9:
-            rest = max(stats.arrivals - self._read_this_interval, 0.0)
-            self._arrivals = reactive.remember_arrivals(
-                self._arrivals, reactive.Reading(last, stats.end, rest),
-                keep_s=reactive.trend_window_s(startup_s=self.config.startup_s, period_s=self._period_s()))
-        self._read_this_interval = 0.0
-
-    def _period_s(self) -> float:
-        return self.reactive_period_s or self.setting.interval_s
+        # The frontends' counter at the interval's end: the interval's arrivals after its last fast-path tick.
+        self._interval_counted += stats.arrivals
+        self._counted, self._counted_at = self._interval_counted, stats.end
+        reading = step.IntervalReading(observation=observation, fleet=self._fleet(stats), budget=self.budget,
+                                       started=self._counted, predictor=self.predictor)
+        decision, self.state = step.step(self.config, self.state, reading, now=now)
+        self.last_decision = decision
+        chosen: Replicas = {pool: decision.replicas[pool] for pool in FLEET_POOLS}
+        self._current = dict(chosen.items())
+        return chosen
 
     def react(self, stats: WindowStats, now: float) -> Replicas | None:
-        gauges = reactive.Gauges(
-            prefill_queued_tokens=stats.prefill_queued_tokens, decode_running=stats.decode_running,
-            decode_waiting=stats.decode_waiting, ready=dict(stats.ready.items()), active=dict(stats.active.items()),
-        )
-        if not self._arrivals or stats.end > self._arrivals[-1].end:
-            self._read_arrivals(stats, now)
-        trend, ahead = self._trend if self._trend is not None else (None, None)
-        reaction = core.react(self.config, gauges, self.memory, floor=self._floor, capacity=self.setting.capacity,
-                              now=now, isl=stats.isl_mean, osl=stats.osl_mean, trend=trend, ahead=ahead)
-        if not reaction.changed:
+        if stats.end > self._counted_at + 1e-9:  # a fluid step's ticks share one window: counted once
+            self._counted += stats.arrivals
+            self._counted_at = stats.end
+        reading = step.QueueReading(
+            fleet=step.Fleet(current=dict(stats.active.items()), ready=dict(stats.ready.items())),
+            decode_running=stats.decode_running, decode_waiting=stats.decode_waiting,
+            prefill_queued_tokens=stats.prefill_queued_tokens, started=self._counted, isl=stats.isl_mean,
+            osl=stats.osl_mean, budget=self.budget)
+        decision, self.state = step.step(self.config, self.state, reading, now=now)
+        if decision.kind != "fast-path":
             return None
         self.reactions += 1
-        decision: Replicas = {pool: reaction.replicas[pool] for pool in FLEET_POOLS}
-        self._current = dict(decision.items())
-        return decision
-
-    def _read_arrivals(self, stats: WindowStats, now: float) -> None:
-        """Remember a reading's arrivals and size for their trend once (a fluid step's ticks share one)."""
-        self._arrivals, trend = reactive.read_arrivals(
-            self._arrivals, reactive.Reading(stats.start, stats.end, stats.arrivals), startup_s=self.config.startup_s,
-            period_s=self._period_s())
-        self._read_this_interval += stats.arrivals
-        ahead = core.needed_ahead(self.config, self.memory, self.setting.capacity, trend, now=now) if trend else None
-        self._trend = (trend, ahead) if trend is not None and ahead is not None else None
+        chosen: Replicas = {pool: decision.replicas[pool] for pool in FLEET_POOLS}
+        self._current = dict(chosen.items())
+        return chosen
 
     def forecast(self) -> float | None:
         plan = self.last_plan
         return plan.predicted.rate_rps if plan is not None and plan.predicted is not None else None
 
-    # What a shared GPU budget needs (`driver.run_shared`), as the live planner does it per interval:
-    # the grant goes into the config's gpu_budget, and the decision without it is the next claim.
+    # A shared GPU budget (`driver.run_shared`): the driver reads the ledger into a view before each
+    # interval, and records the decision's claim after it; the grant is the step's.
 
     def min_gpus(self) -> int:
-        return core.min_gpus(self.config)
+        return core.min_gpus(self.config.plan)
 
-    def cap(self, gpu_budget: int | None) -> None:
-        """Plan the next interval within `gpu_budget` GPUs (None: no budget)."""
-        self.config = dataclasses.replace(self.config, gpu_budget=gpu_budget)
+    def gpus(self) -> int:
+        """The GPUs the pools are asked to run now: what the other graphs see this one use."""
+        return sum(self._current.values()) * self.setting.gpus_per_replica
 
-    def wanted_gpus(self) -> int | None:
-        """The GPUs the last decision would have used without a budget: the graph's claim on a shared one."""
-        return self.last_plan.wanted_gpus if self.last_plan is not None else None
+    def claim(self) -> budget.BudgetClaim | None:
+        """The last decision's claim on the shared budget (None: no budget, or nothing new to claim)."""
+        return self.last_decision.claim if self.last_decision is not None else None
+
+    def granted(self) -> int | None:
+        """The GPUs the last plan was granted."""
+        return self.state.granted
 
 
 # -- the oracle ------------------------------------------------------------------------------------------

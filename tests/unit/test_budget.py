@@ -89,23 +89,26 @@ def test_a_shared_budget_serves_the_higher_priority_graph_first() -> None:
     ledger = budgets.BudgetLedger({"shared": 16})
     ledger.claim("shared", budgets.BudgetClaim(graph="ns/gold", priority=10, min_gpus=2, wanted_gpus=12))
     ledger.claim("shared", budgets.BudgetClaim(graph="ns/bronze", priority=0, min_gpus=2, wanted_gpus=12))
-    gold = ledger.grant("shared", graph="ns/gold", priority=10, min_gpus=2).gpus
-    bronze = ledger.grant("shared", graph="ns/bronze", priority=0, min_gpus=2).gpus
+    view = ledger.view("shared")
+    gold = budgets.grant(view, graph="ns/gold", priority=10, min_gpus=2).gpus
+    bronze = budgets.grant(view, graph="ns/bronze", priority=0, min_gpus=2).gpus
     assert (gold, bronze) == (12, 4)
-    capped, why = dataclasses.astuple(ledger.grant("shared", graph="ns/gold", priority=10, min_gpus=2, own_cap=6))
+    capped, why = dataclasses.astuple(budgets.grant(view, graph="ns/gold", priority=10, min_gpus=2, own_cap=6))
     assert capped == 6 and "gpuBudget 6" in why
 
 
-def test_a_grant_stays_within_the_budget_and_a_newcomer_claims_its_minimum() -> None:
+def test_a_grant_stays_within_the_budget_and_a_newcomer_counts_at_its_minimum() -> None:
     ledger = budgets.BudgetLedger({"shared": 10})
-    first = ledger.grant("shared", graph="a", priority=0, min_gpus=2)
+    first = budgets.grant(ledger.view("shared"), graph="a", priority=0, min_gpus=2)
     assert first.gpus == 2 and "all it wants" in first.reason  # it has said nothing more yet
+    assert ledger.claims("shared") == []  # a grant is read, never written: the claim is the step's to make
     ledger.claim("shared", budgets.BudgetClaim("a", priority=0, min_gpus=2, wanted_gpus=30))
-    assert ledger.grant("shared", graph="a", priority=0, min_gpus=2).gpus == 10
-    # b arrives: it claims its minimum, which comes out of a's share, never out of the budget's cap.
-    assert ledger.grant("shared", graph="b", priority=5, min_gpus=3).gpus == 3
-    assert ledger.grant("shared", graph="a", priority=0, min_gpus=2).gpus == 7
-    assert sum(ledger.split("shared").gpus.values()) <= 10
+    assert budgets.grant(ledger.view("shared"), graph="a", priority=0, min_gpus=2).gpus == 10
+    # b arrives: its minimum comes out of a's share, never out of the budget's cap.
+    assert budgets.grant(ledger.view("shared"), graph="b", priority=5, min_gpus=3).gpus == 3
+    assert budgets.minimums(ledger.view("shared"), graph="b", min_gpus=3) == 5
+    ledger.claim("shared", budgets.BudgetClaim("b", priority=5, min_gpus=3, wanted_gpus=3))
+    assert budgets.grant(ledger.view("shared"), graph="a", priority=0, min_gpus=2).gpus == 7
     assert [c.graph for c in ledger.claims("shared")] == ["a", "b"]
 
 
@@ -113,10 +116,10 @@ def test_a_graph_leaving_frees_its_share() -> None:
     ledger = budgets.BudgetLedger({"shared": 12})
     ledger.claim("shared", budgets.BudgetClaim("gold", priority=10, min_gpus=1, wanted_gpus=10))
     ledger.claim("shared", budgets.BudgetClaim("bronze", priority=0, min_gpus=1, wanted_gpus=10))
-    assert ledger.grant("shared", graph="bronze", priority=0, min_gpus=1).gpus == 2
+    assert budgets.grant(ledger.view("shared"), graph="bronze", priority=0, min_gpus=1).gpus == 2
     ledger.release("gold")
     assert ledger.claims("shared") == [budgets.BudgetClaim("bronze", priority=0, min_gpus=1, wanted_gpus=10)]
-    assert ledger.grant("shared", graph="bronze", priority=0, min_gpus=1).gpus == 10
+    assert budgets.grant(ledger.view("shared"), graph="bronze", priority=0, min_gpus=1).gpus == 10
     ledger.release("gold")  # releasing twice is harmless
 
 
@@ -124,11 +127,12 @@ def test_a_graph_claims_one_budget_at_a_time() -> None:
     ledger = budgets.BudgetLedger({"a": 8, "b": 8})
     ledger.claim("a", budgets.BudgetClaim("g", priority=0, min_gpus=1, wanted_gpus=6))
     ledger.claim("a", budgets.BudgetClaim("h", priority=0, min_gpus=1, wanted_gpus=6))
-    assert ledger.grant("a", graph="h", priority=0, min_gpus=1).gpus == 4
-    # g now names budget b: it claims there (its minimum, as a newcomer) and leaves a to h.
-    assert ledger.grant("b", graph="g", priority=0, min_gpus=1).gpus == 1
+    assert budgets.grant(ledger.view("a"), graph="h", priority=0, min_gpus=1).gpus == 4
+    # g now names budget b: granted its minimum as a newcomer, it claims there and leaves a to h.
+    assert budgets.grant(ledger.view("b"), graph="g", priority=0, min_gpus=1).gpus == 1
+    ledger.claim("b", budgets.BudgetClaim("g", priority=0, min_gpus=1, wanted_gpus=1))
     assert [c.graph for c in ledger.claims("a")] == ["h"]
-    assert ledger.grant("a", graph="h", priority=0, min_gpus=1).gpus == 6
+    assert budgets.grant(ledger.view("a"), graph="h", priority=0, min_gpus=1).gpus == 6
 
 
 def test_the_ledger_knows_its_budgets_only() -> None:
@@ -150,7 +154,7 @@ def test_grants_do_not_depend_on_the_order_claims_came_in(claims: list[budgets.B
         for claim in order:
             ledger.claim("shared", claim)
         grants = tuple(
-            dataclasses.astuple(ledger.grant("shared", graph=c.graph, priority=c.priority, min_gpus=c.min_gpus))
+            dataclasses.astuple(budgets.grant(ledger.view("shared"), graph=c.graph, priority=c.priority, min_gpus=c.min_gpus))
             for c in claims
         )
         seen.add(grants)

@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 
 from fleetpilot.frontend import metrics as frontend_metrics
-from fleetpilot.planner import budget, live, observe
+from fleetpilot.planner import budget, live, observe, step
 
 
 def graph(name: str, *, mode: str = "sla", deleting: bool = False) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def planner_with(*graphs: dict[str, Any]) -> live.LivePlanner:
 
 def claim(planner: live.LivePlanner, name: str) -> None:
     planner.ledger.claim("shared", budget.BudgetClaim(graph=f"ns/{name}", priority=0, min_gpus=1, wanted_gpus=4))
-    planner.next_due[("ns", name)] = 0.0
+    planner.planned[("ns", name)] = live.PlannedGraph()
 
 
 def test_graphs_that_left_give_their_budget_share_back_and_their_history_goes() -> None:
@@ -40,7 +40,7 @@ def test_graphs_that_left_give_their_budget_share_back_and_their_history_goes() 
         claim(planner, name)
     asyncio.run(planner.tick())
     assert [c.graph for c in planner.ledger.claims("shared")] == ["ns/kept"]
-    assert set(planner.next_due) == {("ns", "kept")}
+    assert set(planner.planned) == {("ns", "kept")}
 
 
 def test_the_observer_reads_the_prefill_part_the_mean_itl_and_the_burst() -> None:
@@ -103,11 +103,18 @@ def fast_path_planner(gauges: Any, *, floor: dict[str, int], replicas: dict[str,
         planner.components.upsert({"kind": api.COMPONENT_KIND, "metadata": {"name": f"g-{pool}", "namespace": "ns",
                                                                              "resourceVersion": "1"},
                                    "spec": {"replicas": n}, "status": {"readyReplicas": n}})
-    config = core.config_from_spec(api.DynamoGraphSpec.model_validate(body["spec"]))
-    planner.memory[("ns", "g")] = core.GraphMemory(lengths=(core.IntervalLengths(0.0, 1.0, 2000.0, 200.0),))
-    state = live.FastPathState(config=config, capacity=capacity.CapacityModel(live.simulator_profile(1)),
-                               floor=floor)  # type: ignore[arg-type]
-    return planner, kube, body | {"state": state}
+    config = step.StepConfig(plan=core.config_from_spec(api.DynamoGraphSpec.model_validate(body["spec"])),
+                             capacity=capacity.CapacityModel(live.simulator_profile(1)), graph="ns/g")
+    memory = core.GraphMemory(lengths=(core.IntervalLengths(0.0, 1.0, 2000.0, 200.0),))
+    planner.planned[("ns", "g")] = live.PlannedGraph(state=step.GraphState(memory=memory, floor=floor),
+                                                     config=config)  # type: ignore[arg-type]
+    return planner, kube, body
+
+
+def arrivals(planner: live.LivePlanner) -> step.Arrivals:
+    found = planner.planned[("ns", "g")].state.arrivals
+    assert found is not None
+    return found
 
 
 def test_the_live_fast_path_adds_decode_for_a_decode_backlog_and_leaves_prefill() -> None:
@@ -115,8 +122,7 @@ def test_the_live_fast_path_adds_decode_for_a_decode_backlog_and_leaves_prefill(
 
     planner, kube, body = fast_path_planner(EngineGauges(prefill_waiting=0, decode_running=200, decode_waiting=300),
                                             floor={"prefill": 2, "decode": 2}, replicas={"prefill": 2, "decode": 2})
-    state = body.pop("state")
-    reaction = asyncio.run(planner.react_graph(body, state))
+    reaction = asyncio.run(planner.react_graph(body))
     assert reaction is not None and reaction.changed
     assert kube.patches == [("g-decode", {"spec": {"replicas": 3}})]  # +50% of 2, not prefill
     assert kube.events and kube.events[0].startswith("FastPath: decode 2→3")
@@ -127,13 +133,11 @@ def test_the_live_fast_path_does_nothing_without_queues_and_never_scales_down() 
 
     planner, kube, body = fast_path_planner(None, floor={"prefill": 2, "decode": 2},
                                             replicas={"prefill": 2, "decode": 2})
-    state = body.pop("state")
-    assert asyncio.run(planner.react_graph(body, state)) is None and not kube.patches
+    assert asyncio.run(planner.react_graph(body)) is None and not kube.patches
     # Idle engines, and a pool above the last decision: the fast path takes nothing away.
     planner, kube, body = fast_path_planner(EngineGauges(0, 0, 0), floor={"prefill": 1, "decode": 1},
                                             replicas={"prefill": 4, "decode": 3})
-    state = body.pop("state")
-    reaction = asyncio.run(planner.react_graph(body, state))
+    reaction = asyncio.run(planner.react_graph(body))
     assert reaction is not None and not reaction.changed and not kube.patches
 
 
@@ -186,7 +190,6 @@ def test_arrivals_rising_add_replicas_before_any_queue_and_a_counter_that_goes_b
 
     planner, kube, body = fast_path_planner(EngineGauges(0, 0, 0), floor={"prefill": 2, "decode": 2},
                                             replicas={"prefill": 2, "decode": 2})
-    state = body.pop("state")
     planner.frontend_pods.upsert(frontend_pod("f-1", "10.0.0.1"))
     clock = [0.0]
     received = [0.0]
@@ -198,16 +201,16 @@ def test_arrivals_rising_add_replicas_before_any_queue_and_a_counter_that_goes_b
     for tick in range(13):
         clock[0] = 5.0 * tick
         received[0] = 20.0 / growth * (math.exp(growth * clock[0]) - 1.0)  # the count of a 20·e^(gt) rate
-        reactions.append(asyncio.run(planner.react_graph(body, state)))
+        reactions.append(asyncio.run(planner.react_graph(body)))
     assert reactions[0] is not None and not reactions[0].changed  # the first reading has nothing before it
     added = [r for r in reactions if r is not None and r.changed]
     assert added and any("arrivals rising" in why for why in added[0].reasons)
     assert kube.patches  # replicas asked for with no request queued
-    assert len(planner.arrivals[("ns", "g")].readings) == 12
+    assert len(arrivals(planner).readings) == 12
     received[0] = 5.0  # the frontend restarted: its counter went back
     clock[0] += 5.0
-    asyncio.run(planner.react_graph(body, state))
-    assert planner.arrivals[("ns", "g")].readings == () and planner.arrivals[("ns", "g")].counted == 5.0
+    asyncio.run(planner.react_graph(body))
+    assert arrivals(planner).readings == () and arrivals(planner).counted == 5.0
 
 
 def frontend_pod(name: str, ip: str, *, graph: str = "g", ready: bool = True) -> dict[str, Any]:
@@ -237,7 +240,6 @@ def test_the_fast_path_asks_the_frontends_first_and_prometheus_when_one_is_silen
 
     planner, kube, body = fast_path_planner(EngineGauges(0, 0, 0), floor={"prefill": 2, "decode": 2},
                                             replicas={"prefill": 2, "decode": 2})
-    state = body.pop("state")
     for pod in (frontend_pod("f-1", "10.0.0.1"), frontend_pod("f-2", "10.0.0.2"),
                 frontend_pod("f-3", "10.0.0.3", ready=False), frontend_pod("other", "10.0.0.4", graph="h")):
         planner.frontend_pods.upsert(pod)
@@ -256,13 +258,13 @@ def test_the_fast_path_asks_the_frontends_first_and_prometheus_when_one_is_silen
         return REGISTRY.get_sample_value("fleetpilot_planner_fast_path_reads_total", {"source": source}) or 0.0
 
     before = {source: reads(source) for source in ("frontend", "prometheus")}
-    asyncio.run(planner.react_graph(body, state))
+    asyncio.run(planner.react_graph(body))
     assert sorted(asked) == ["10.0.0.1", "10.0.0.2"]  # Ready frontends of this graph only
     assert kube.patches == [("g-decode", {"spec": {"replicas": 3}})]
     assert reads("frontend") == before["frontend"] + 1
 
     silent.add("10.0.0.2")
-    asyncio.run(planner.react_graph(body, state))
+    asyncio.run(planner.react_graph(body))
     assert len(kube.patches) == 1  # Prometheus' idle engines: nothing to add
     assert reads("prometheus") == before["prometheus"] + 1
 
@@ -506,7 +508,7 @@ def test_an_apiserver_that_cannot_be_reached_costs_an_interval_not_the_planner()
                  "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant",
                              "intervalSeconds": 10, "fastPathSeconds": 0}}})
     asyncio.run(planner.tick())  # does not raise
-    assert planner.next_due[("ns", "g")] == 10.0
+    assert planner.planned[("ns", "g")].next_plan == 10.0
     kube.apply = StatusRecorder.apply.__get__(kube)  # type: ignore[method-assign]  # the apiserver is back
     clock["now"] = 10.0
     asyncio.run(planner.tick())
@@ -616,7 +618,7 @@ def test_planned_side_by_side_a_graph_rolling_out_holds_and_one_asleep_stays_at_
 
     assert len(kube.statuses) == len(names)  # every graph planned
     assert not [name for name, _ in kube.patches if name.startswith("rolling-")]
-    assert planner.asleep[("ns", "sleepy")] is True
+    assert planner.planned[("ns", "sleepy")].state.asleep is True
     assert [body["spec"]["replicas"] for name, body in kube.patches if name == "sleepy-prefill"] in ([0], [0, 0])
     assert [name for name, _ in kube.patches if name.startswith("busy-0-")]  # the others scale up
     assert kube.by_graph["rolling"]["reason"].startswith("advising until the rollout completes")
@@ -690,21 +692,21 @@ def test_a_held_request_wakes_the_pools_at_zero_at_once(monkeypatch: Any) -> Non
     assert asyncio.run(planner.wake_or_sleep(body)) == {"prefill": 1}  # decode's min is 1: never at zero
     assert kube.patches == [("g-prefill", {"spec": {"replicas": 1}})]
     assert kube.events[0].startswith("WokenUp: prefill 0→1: 2 request(s) held")
-    assert planner.asleep[("ns", "g")] is False
+    assert planner.planned[("ns", "g")].state.asleep is False
 
 
 def test_after_the_idle_window_the_pools_that_may_sleep_go_to_zero(monkeypatch: Any) -> None:
     planner, kube, body = zero_planner(monkeypatch, held=0, idle_s=301, replicas=2)
     assert asyncio.run(planner.wake_or_sleep(body)) == {"prefill": 0}
     assert kube.events[0].startswith("ScaledToZero: prefill 2→0: no request for 301 s")
-    assert planner.asleep[("ns", "g")] is True
+    assert planner.planned[("ns", "g")].state.asleep is True
     # The interval's plan stands aside while asleep: it never sizes below one replica.
     from fleetpilot.api import v1alpha1 as api
     from fleetpilot.planner import core
 
     plan = core.Plan(replicas={"prefill": 1, "decode": 1}, reasons=["sized"], data_ok=True,
                      observed=core.Observation(time=0.0))
-    asleep = live._asleep(plan, api.DynamoGraph.model_validate(body))
+    asleep = step._asleep(plan, core.config_from_spec(api.DynamoGraph.model_validate(body).spec))
     assert asleep.replicas == {"prefill": 0, "decode": 1} and asleep.binding["prefill"] == "idle"
 
 

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import capacity, core, live, observe
+from fleetpilot.planner import capacity, core, live, observe, step
 
 PROPERTY = settings(deadline=None, max_examples=60)
 MODEL = capacity.CapacityModel(live.simulator_profile(1))
@@ -280,6 +280,6 @@ def test_a_rebalance_that_moves_gpus_shrinks_the_giver_before_the_taker_grows() 
 
 
 def test_writes_within_a_graph_shrink_before_they_grow() -> None:
-    assert live.write_order({"prefill": 4, "decode": 2}, {"prefill": 2, "decode": 4}) == [("prefill", 2), ("decode", 4)]
-    assert live.write_order({"prefill": 2, "decode": 4}, {"prefill": 4, "decode": 2}) == [("decode", 2), ("prefill", 4)]
-    assert live.write_order({"prefill": 2, "decode": 2}, {"prefill": 2, "decode": 2}) == []
+    assert step.write_order({"prefill": 4, "decode": 2}, {"prefill": 2, "decode": 4}) == (("prefill", 2), ("decode", 4))
+    assert step.write_order({"prefill": 2, "decode": 4}, {"prefill": 4, "decode": 2}) == (("decode", 2), ("prefill", 4))
+    assert step.write_order({"prefill": 2, "decode": 2}, {"prefill": 2, "decode": 2}) == ()
