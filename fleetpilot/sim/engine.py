@@ -4,7 +4,9 @@ Where it sits: `server` (HTTP, OpenAI shapes, vLLM's `kv_transfer_params`) → `
 one asyncio loop, per-request token streams, real-time pacing) → `scheduler.Scheduler` (the pure
 core: continuous batching over a paged KV cache, timed by the performance model, in simulated
 seconds). The engine turns simulated time into wall-clock time: it sleeps each step's modelled
-duration divided by `speedup`, and hands each step's tokens to the streams of their requests.
+duration divided by `speedup`, and hands each step's tokens to the streams of their requests. Between
+steps it waits, on the same clock, for the scheduler's next deadline: a request's per-request overhead
+ending (it then joins the queue), a KV transfer arriving, held KV timing out.
 """
 
 from __future__ import annotations

@@ -19,6 +19,16 @@ The scheduling policy follows vLLM's V1 scheduler with chunked prefill:
   request (recompute: its KV is freed, it goes back to the front of the queue and later prefills its
   prompt and the tokens it has produced, then goes on generating).
 
+Request overhead: the performance model prices, besides the steps, a fixed time per request outside
+them (`Calibration.ttft_overhead_s`: HTTP, tokenizing, returning the first token), and its TTFT is that
+overhead plus the prefill. The scheduler spends it before the queue: a request that will prefill here
+is `ARRIVING` for that long after `add`, and only then joins the queue, its arrival stamped there: the
+engine's own TTFT and queue-time histograms start where vLLM's engine-side ones do, once the API
+server has handed the request over, and leave the overhead out, while a client sees it. It is not part of any step: a step's
+duration is what the modelled GPU spends, and the other requests in the batch do not wait for one
+request's HTTP handling. A `REMOTE_PREFILL` request does not pay it again: the prefill worker already
+did, and the model counts it once per request.
+
 Output length: the simulator has no end-of-sequence token, so every request produces exactly
 `max_tokens` tokens and finishes with reason "length"; `ignore_eos` and `min_tokens` change nothing.
 
@@ -30,6 +40,7 @@ the transfer time, then decodes — its first token costs one decode step, not a
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import enum
@@ -62,6 +73,7 @@ class Mode(enum.Enum):
 
 
 class Phase(enum.Enum):
+    ARRIVING = "arriving"  # spending the per-request overhead before it joins the queue
     WAITING = "waiting"
     TRANSFERRING = "transferring"  # blocks allocated, KV arriving from the prefill worker
     PREFILL = "prefill"
@@ -82,6 +94,9 @@ class SchedulerConfig:
     max_model_len: int = 131_072  # prompt + output limit, as vLLM's --max-model-len
     kv_bandwidth_bytes_per_s: float = 50e9  # one rank's link for P→D transfers
     kv_hold_timeout_s: float = 30.0  # prefill side frees unpulled KV after this (vLLM has an abort timeout)
+    # Per request, before the queue (see the module docstring); None: the timing model's
+    # `calibration.ttft_overhead_s` when it has one, else 0.
+    request_overhead_s: float | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size, self.max_model_len) < 1:
@@ -90,6 +105,8 @@ class SchedulerConfig:
             raise ValueError("kv_capacity_tokens must hold at least one block")
         if self.kv_bandwidth_bytes_per_s <= 0 or self.kv_hold_timeout_s < 0:
             raise ValueError("kv_bandwidth_bytes_per_s must be > 0 and kv_hold_timeout_s ≥ 0")
+        if self.request_overhead_s is not None and not self.request_overhead_s >= 0:
+            raise ValueError("request_overhead_s must be ≥ 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +187,7 @@ class Snapshot:
     generation_tokens: int
     finished: Mapping[str, int]  # finish reason → requests
     submitted: int
+    arriving: int = 0  # added but still spending the request overhead: not yet in the engine's queue
 
     @property
     def kv_usage(self) -> float:
@@ -182,7 +200,7 @@ class _Seq:
     prompt_tokens: int
     max_tokens: int
     mode: Mode
-    arrival: float
+    arrival: float  # when it joins the queue (ARRIVING: when it will)
     phase: Phase = Phase.WAITING
     blocks: list[int] = dataclasses.field(default_factory=list)
     computed: int = 0  # tokens whose KV exists
@@ -233,6 +251,11 @@ class Scheduler:
         # vLLM V1 runs a mixed prefill + decode batch as one forward pass; a model that can price that
         # (fleetpilot.perfmodel.PerformanceModel.mixed_step_time) is used for it, else the parts add up.
         self._mixed: Callable[..., float] | None = getattr(timing, "mixed_step_time", None)
+        overhead = config.request_overhead_s
+        if overhead is None:
+            overhead = float(getattr(getattr(timing, "calibration", None), "ttft_overhead_s", 0.0))
+        self.request_overhead_s = overhead
+        self._arriving: list[_Seq] = []  # ordered by when their overhead ends
         self._requests: dict[str, _Seq] = {}
         self._waiting: collections.deque[_Seq] = collections.deque()
         self._transferring: list[_Seq] = []
@@ -272,9 +295,14 @@ class Scheduler:
             self._next_id += 1
         if request_id in self._requests or request_id in self._held:
             raise RequestRejected(f"request id {request_id!r} is already in use")
-        seq = _Seq(request_id, spec.prompt_tokens, max_tokens, spec.mode, arrival=now)
+        overhead = 0.0 if spec.mode is Mode.REMOTE_PREFILL else self.request_overhead_s
+        seq = _Seq(request_id, spec.prompt_tokens, max_tokens, spec.mode, arrival=now + overhead)
         self._requests[request_id] = seq
-        self._waiting.append(seq)
+        if overhead > 0:
+            seq.phase, seq.deadline = Phase.ARRIVING, seq.arrival
+            bisect.insort(self._arriving, seq, key=lambda other: other.deadline)
+        else:
+            self._waiting.append(seq)
         self._submitted += 1
         return request_id
 
@@ -283,7 +311,9 @@ class Scheduler:
         seq = self._requests.pop(request_id, None)
         if seq is None:
             return None
-        if seq.phase is Phase.WAITING:
+        if seq.phase is Phase.ARRIVING:
+            self._arriving.remove(seq)
+        elif seq.phase is Phase.WAITING:
             self._waiting.remove(seq)
         elif seq.phase is Phase.TRANSFERRING:
             self._transferring.remove(seq)
@@ -308,7 +338,11 @@ class Scheduler:
     # -- time passing outside steps --
 
     def advance(self, now: float) -> None:
-        """Finish KV transfers and free held KV whose time has come."""
+        """Queue requests whose overhead is spent, finish KV transfers, free held KV whose time has come."""
+        while self._arriving and self._arriving[0].deadline <= now:
+            seq = self._arriving.pop(0)
+            seq.phase, seq.deadline = Phase.WAITING, math.inf
+            self._waiting.append(seq)
         arrived = [seq for seq in self._transferring if seq.deadline <= now]
         for seq in arrived:
             self._transferring.remove(seq)
@@ -320,7 +354,7 @@ class Scheduler:
 
     def next_deadline(self) -> float | None:
         """When `advance` will next change something without a new request arriving."""
-        deadlines = [seq.deadline for seq in (*self._transferring, *self._held.values())]
+        deadlines = [seq.deadline for seq in (*self._arriving[:1], *self._transferring, *self._held.values())]
         return min(deadlines, default=None)
 
     # -- one step --
@@ -513,4 +547,5 @@ class Scheduler:
             generation_tokens=self._generation_tokens,
             finished=dict(self._finished),
             submitted=self._submitted,
+            arriving=len(self._arriving),
         )

@@ -11,10 +11,18 @@ stand-in for NIXL's "I have read your blocks" notice from a decode worker.
 Token counting, since the simulator has no tokenizer: a text prompt counts its whitespace-separated
 words × `tokens_per_word` (default 1.0, rounded up, at least 1); a completions `prompt` given as a
 list of token ids counts its ids; chat counts the words of all message contents (text parts only,
-no chat-template overhead). Output text is deterministic filler: token i is " " + one of a fixed
-list of words, so the output's word count equals its token count. Only one prompt and `n = 1` per
-request are supported; `stop` sequences end the output (`TextSampler`), a `seed` picks the words
-(greedy at temperature 0), and the other sampling fields are accepted and have no effect.
+no chat-template overhead). Only one prompt and `n = 1` per request are supported.
+
+Output text: every token is " " + one of `FILLER_WORDS`, so the output's word count equals its token
+count. The words come from a fixed toy model (`LOGITS`: one distribution per output position) sampled
+as vLLM samples: greedy at temperature 0, else at `temperature` (default 1, as in OpenAI's API) within
+the `top_p` nucleus, from a generator seeded by `seed` (same seed, same text) or by the OS without one.
+`logprobs` (chat: `logprobs` + `top_logprobs`; completions: the integer `logprobs`, at most
+`MAX_LOGPROBS`) report that model's log-probabilities in OpenAI's shapes, streamed chunks included.
+`stop` strings end the output before the first of them (`StopFilter`): text that could still begin one
+is held back, the stop string is never sent, `finish_reason` is "stop" and `stop_reason` names it (as
+vLLM does), and `usage.completion_tokens` counts every token generated, the one that completed the stop
+string included. Other sampling fields are accepted and have no effect.
 
 Disaggregation (vLLM's NixlConnector protocol): a prefill-role worker given
 `kv_transfer_params.do_remote_decode` prefills only (max_tokens forced to 1) and answers with the
@@ -37,8 +45,10 @@ shutdown closes the connections and the streams still open finish within what is
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -47,7 +57,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import FrameType
 from typing import Any, Literal
 
@@ -70,56 +80,220 @@ Role = Literal["prefill", "decode", "aggregated"]
 _Handler = Callable[[Request], Awaitable[Response]]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "aggregated")
 
+
+class BadRequest(ValueError):
+    """The request is malformed; the client gets a 400 with this message, naming `param` when one field is."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 FILLER_WORDS = (
     "the", "fleet", "sails", "on", "a", "quiet", "sea", "while", "pilots", "watch", "every", "signal",
     "and", "steady", "hands", "keep", "course", "through", "wind", "rain", "light", "until", "harbor",
     "lamps", "show", "home", "again", "under", "clear", "northern", "stars", "tonight",
 )
+VOCABULARY = len(FILLER_WORDS)
+#: The most alternatives a request may ask logprobs for (vLLM's default --max-logprobs; OpenAI's chat cap).
+MAX_LOGPROBS = 20
+#: Below this temperature sampling is greedy, as in vLLM (dividing the logits by it would overflow).
+GREEDY_TEMPERATURE = 1e-5
 
 
-def filler_token(index: int, seed: int | None = None) -> str:
-    """Token `index` of a simulated output, one word per token: the same sequence for every request
-    (greedy), or with a `seed` a word drawn by a generator seeded with it (same seed, same text)."""
-    if seed is None:
-        return " " + FILLER_WORDS[index % len(FILLER_WORDS)]
-    return " " + FILLER_WORDS[random.Random(seed * 1_000_003 + index).randrange(len(FILLER_WORDS))]
+# -- the simulated language model: logits, sampling, stop strings (pure) ---------------------------
+
+
+def _log_softmax(logits: Sequence[float]) -> tuple[float, ...]:
+    top = max(logits)
+    log_total = top + math.log(math.fsum(math.exp(x - top) for x in logits))
+    return tuple(x - log_total for x in logits)
+
+
+def _model_logits() -> tuple[tuple[float, ...], ...]:
+    """The simulator's next-token logits over FILLER_WORDS, one row per output position modulo the
+    vocabulary size (the simulator has no context to condition on, only the position). At position p
+    word p leads by a clear margin, so the greedy text is FILLER_WORDS in order; the other words' logits
+    are fixed draws from [-2, 2]. At temperature 1 the leader has about a quarter of the mass, so sampled
+    texts differ from request to request while staying mostly on the greedy words."""
+    draw = random.Random(0x5EED)  # fixed: every simulator process has the same model
+    return tuple(tuple(3.0 if word == position else draw.uniform(-2.0, 2.0) for word in range(VOCABULARY))
+                 for position in range(VOCABULARY))
+
+
+LOGITS = _model_logits()
+#: log P(word | position) of the model, before temperature and top-p: what `logprobs` reports, as
+#: vLLM does by default (its `logprobs_mode` "raw_logprobs").
+LOGPROBS = tuple(_log_softmax(row) for row in LOGITS)
+
+
+def _ranked(scores: Sequence[float]) -> tuple[int, ...]:
+    """Word ids from the highest score to the lowest (ties by vocabulary order)."""
+    return tuple(sorted(range(len(scores)), key=lambda word: (-scores[word], word)))
+
+
+#: Per position, the words from likeliest to least likely.
+RANKED = tuple(_ranked(row) for row in LOGPROBS)
+
+
+def filler_token(index: int) -> str:
+    """Token `index` of the greedy output: the likeliest word at that position, with its leading space."""
+    return " " + FILLER_WORDS[index % VOCABULARY]
+
+
+@functools.lru_cache(maxsize=4096)
+def nucleus(position: int, temperature: float, top_p: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """What sampling at `position` draws from: the logits divided by `temperature`, softmaxed, then cut to
+    the smallest set of likeliest words whose probability reaches `top_p` (at least one word), and
+    renormalised. Returns those words, likeliest first, and their cumulative probabilities (the last 1)."""
+    scaled = _log_softmax([x / temperature for x in LOGITS[position % VOCABULARY]])
+    words: list[int] = []
+    cumulative: list[float] = []
+    total = 0.0
+    for word in _ranked(scaled):
+        words.append(word)
+        total += math.exp(scaled[word])
+        cumulative.append(total)
+        if total >= top_p:
+            break
+    return tuple(words), tuple(c / total for c in cumulative)
+
+
+@dataclasses.dataclass(frozen=True)
+class Token:
+    """One generated token: its output position and the vocabulary word chosen there."""
+
+    index: int
+    word: int
+
+    @property
+    def text(self) -> str:
+        return " " + FILLER_WORDS[self.word]
+
+    @property
+    def logprob(self) -> float:
+        return LOGPROBS[self.index % VOCABULARY][self.word]
+
+    def top(self, n: int) -> list[tuple[str, float]]:
+        """The `n` likeliest tokens at this position with their logprobs, likeliest first."""
+        position = self.index % VOCABULARY
+        return [(" " + FILLER_WORDS[w], LOGPROBS[position][w]) for w in RANKED[position][:n]]
+
+
+def _number(body: dict[str, Any], param: str, default: float, low: float, high: float) -> float:
+    value = body.get(param)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise BadRequest(f"{param} must be a number from {low:g} to {high:g}, got {value!r}", param=param)
+    return float(value)
+
+
+def _count(value: Any, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+        raise BadRequest(f"{param} must be an integer from 0 to {MAX_LOGPROBS}, got {value!r}", param=param)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """A request's sampling fields. `temperature` defaults to 1 as in OpenAI's API and vLLM's, so a
+    request that does not ask for greedy decoding (temperature 0) samples; `seed` makes the draws
+    reproducible. `logprobs`: how many alternatives to report per token, None for no logprobs (chat:
+    `logprobs: true` with `top_logprobs`; completions: the integer `logprobs`)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    logprobs: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any], *, chat: bool) -> Sampling:
+        """The fields of a request body; raises BadRequest naming the field that is out of range."""
+        temperature = _number(body, "temperature", 1.0, 0.0, math.inf)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise BadRequest(f"seed must be an integer, got {seed!r}", param="seed")
+        wanted, top = body.get("logprobs"), body.get("top_logprobs")
+        logprobs: int | None = None
+        if chat:
+            if wanted is not None and not isinstance(wanted, bool):
+                raise BadRequest(f"logprobs must be true or false for chat completions, got {wanted!r}",
+                                 param="logprobs")
+            alternatives = 0 if top is None else _count(top, "top_logprobs")
+            if alternatives and not wanted:
+                raise BadRequest("top_logprobs requires logprobs: true", param="top_logprobs")
+            logprobs = alternatives if wanted else None
+        elif wanted is not None:
+            logprobs = _count(wanted, "logprobs")
+        return cls(temperature=temperature, top_p=top_p, seed=seed, logprobs=logprobs)
+
+
+class TokenSampler:
+    """Draws a request's tokens from the model: the likeliest word when greedy, else a draw from
+    `nucleus`. The generator is seeded with the request's `seed` (same seed, same text), or from the
+    operating system's entropy without one (two requests, two texts)."""
+
+    def __init__(self, sampling: Sampling) -> None:
+        self.sampling = sampling
+        self._random = random.Random(sampling.seed)  # None: seeded from os.urandom
+
+    def next(self, index: int) -> Token:
+        position = index % VOCABULARY
+        if self.sampling.greedy:
+            return Token(index, RANKED[position][0])
+        words, cumulative = nucleus(position, self.sampling.temperature, self.sampling.top_p)
+        pick = bisect.bisect_right(cumulative, self._random.random())
+        return Token(index, words[min(pick, len(words) - 1)])  # min: rounding may leave the last below 1
 
 
 @dataclasses.dataclass
-class TextSampler:
-    """What a request asked of its text: `seed` (ignored at temperature 0: greedy is deterministic) and
-    `stop` sequences. `add` takes the next token and returns (text to send, the stop sequence that
-    ended the output or None): as OpenAI does, the stop sequence itself is not sent."""
+class StopFilter:
+    """Cuts the output at the first stop string, which is never sent (as OpenAI and vLLM do). `push`
+    takes the next token's text and returns (text that can be sent now, the stop string that ended the
+    output or None). Text is held back while it could still be the start of a stop string, so a stop
+    string spread over several tokens leaks no part of itself, and released once it cannot be;
+    `flush` releases what is held when the output ends without a stop."""
 
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    text: str = ""
-    sent: int = 0
+    stops: tuple[str, ...] = ()
+    held: str = ""  # generated, not sent: the end of the text that some stop string starts with
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> TextSampler:
+    def from_body(cls, body: dict[str, Any]) -> StopFilter:
         stop = body.get("stop")
-        stops = (stop,) if isinstance(stop, str) else tuple(s for s in stop or () if isinstance(s, str) and s)
-        temperature = body.get("temperature")
-        seed = body.get("seed")
-        greedy = isinstance(temperature, (int, float)) and temperature == 0
-        seeded = isinstance(seed, int) and not isinstance(seed, bool) and not greedy
-        return cls(seed=seed if seeded else None, stop=stops)
+        if isinstance(stop, str):
+            return cls((stop,) if stop else ())
+        return cls(tuple(s for s in stop or () if isinstance(s, str) and s))
 
-    def add(self, index: int) -> tuple[str, str | None]:
-        self.text += filler_token(index, self.seed)
-        hits = [(self.text.find(s, max(0, self.sent - len(s) + 1)), s) for s in self.stop]
-        found = min(((at, s) for at, s in hits if at >= 0), default=None)
-        if found is not None:
-            at, sequence = found
-            out, self.sent = self.text[self.sent:at], at
-            return out, sequence
-        out, self.sent = self.text[self.sent:], len(self.text)
-        return out, None
+    def push(self, text: str) -> tuple[str, str | None]:
+        pending = self.held + text
+        hits = [(at, stop) for stop in self.stops if (at := pending.find(stop)) >= 0]
+        if hits:
+            at, stop = min(hits, key=lambda hit: hit[0])  # the earliest; at a tie, the first listed
+            self.held = ""
+            return pending[:at], stop
+        keep = self._open_tail(pending)
+        self.held = pending[len(pending) - keep:]
+        return pending[:len(pending) - keep], None
 
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
 
-class BadRequest(ValueError):
-    """The request is malformed; the client gets a 400 with this message."""
+    def _open_tail(self, text: str) -> int:
+        """Length of the longest end of `text` that a stop string starts with (a match still possible).
+        Everything before it was already searched: no stop string can begin there any more."""
+        longest = min(len(text), max((len(s) for s in self.stops), default=1) - 1)
+        for n in range(longest, 0, -1):
+            tail = text[-n:]
+            if any(stop.startswith(tail) for stop in self.stops):
+                return n
+        return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,12 +390,13 @@ def request_mode(role: Role, kv_transfer_params: Any) -> scheduler.Mode:
     return scheduler.Mode.FULL
 
 
-def error_body(message: str, *, kind: str = "BadRequestError", code: int = 400) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def error_body(message: str, *, kind: str = "BadRequestError", code: int = 400,
+               param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _error(message: str, *, kind: str = "BadRequestError", code: int = 400) -> JSONResponse:
-    return JSONResponse(error_body(message, kind=kind, code=code), status_code=code)
+def _error(message: str, *, kind: str = "BadRequestError", code: int = 400, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind=kind, code=code, param=param), status_code=code)
 
 
 def _url_host(host: str) -> str:
@@ -262,6 +437,34 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def chat_logprob(token: Token, top: int) -> dict[str, Any]:
+    """One entry of a chat choice's `logprobs.content`, in OpenAI's shape."""
+
+    def entry(text: str, logprob: float) -> dict[str, Any]:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {**entry(token.text, token.logprob), "top_logprobs": [entry(t, lp) for t, lp in token.top(top)]}
+
+
+def completion_logprobs(pieces: Sequence[Piece], top: int) -> dict[str, Any]:
+    """A completions choice's `logprobs`, OpenAI's legacy shape: per token its text, logprob, the `top`
+    likeliest alternatives and its character offset in the generated text."""
+    return {"tokens": [p.token.text for p in pieces], "token_logprobs": [p.token.logprob for p in pieces],
+            "top_logprobs": [dict(p.token.top(top)) for p in pieces], "text_offset": [p.offset for p in pieces]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """What one generated token adds to the answer: the text released with it (held-back text of
+    earlier tokens included, a stop string and what follows it excluded), and how the output ends."""
+
+    token: Token
+    offset: int  # where the token's text starts in the generated text (stop strings included)
+    text: str
+    finish_reason: str | None
+    stop: str | None  # the stop string that ended the output
+
+
 @dataclasses.dataclass
 class _Generation:
     """One accepted request: what the response builders need besides the token stream."""
@@ -272,8 +475,32 @@ class _Generation:
     created: int
     mode: scheduler.Mode
     stream: engine.RequestStream
-    sampler: TextSampler = dataclasses.field(default_factory=TextSampler)
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
+    stops: StopFilter = dataclasses.field(default_factory=StopFilter)
     pull: asyncio.Task[str | None] | None = None  # the KV pull from the prefill worker, under way
+    generated: int = 0  # characters of text generated so far
+    sampler: TokenSampler = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sampler = TokenSampler(self.sampling)
+
+    def take(self, event: scheduler.TokenEvent) -> Piece:
+        """The engine produced token `event.index`: choose it, and say what of the text can go out."""
+        token = self.sampler.next(event.index)
+        offset, self.generated = self.generated, self.generated + len(token.text)
+        text, stop = self.stops.push(token.text)
+        if stop is None and event.finished:
+            text += self.stops.flush()  # no token left to complete a stop string
+        return Piece(token, offset, text, "stop" if stop else event.finish_reason, stop)
+
+    def logprobs(self, pieces: Sequence[Piece]) -> dict[str, Any] | None:
+        """The choice's `logprobs` for these tokens, None when the request asked for none."""
+        top = self.sampling.logprobs
+        if top is None:
+            return None
+        if self.chat:
+            return {"content": [chat_logprob(p.token, top) for p in pieces]}
+        return completion_logprobs(pieces, top)
 
     async def pulled(self) -> str | None:
         """None once the KV cache is being pulled (or there is nothing to pull), else why it cannot be;
@@ -396,8 +623,9 @@ class _Service:
                 raise BadRequest("the simulator supports only n = 1")
             prompt = prompt_tokens(body, chat=chat, tokens_per_word=self.config.tokens_per_word)
             max_tokens = requested_max_tokens(body, chat=chat, config=self.config)
+            sampling = Sampling.from_body(body, chat=chat)
         except BadRequest as error:
-            return _error(str(error))
+            return _error(str(error), param=error.param)
         params = body.get("kv_transfer_params")
         mode = request_mode(self.config.role, params)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -412,7 +640,7 @@ class _Service:
             message = self.group.status if self.group is not None else str(error)
             return _error(message, kind="ServiceUnavailableError", code=503)
         generation = _Generation(request_id, chat, self.config.served_model, int(time.time()), mode, stream,
-                                 TextSampler.from_body(body))
+                                 sampling, StopFilter.from_body(body))
         if mode is scheduler.Mode.REMOTE_PREFILL and isinstance(params, dict):
             # The pull runs beside the engine's modelled transfer, as NIXL's read does: only the first
             # token waits for it (`_pulled`).
@@ -424,6 +652,8 @@ class _Service:
         return await self._collect(generation, request)
 
     async def _sse(self, gen: _Generation, *, include_usage: bool) -> AsyncIterator[str]:
+        """One chunk per token that releases text or carries logprobs, and one for the last token (with
+        the finish reason); a token whose text is held back for a possible stop string sends nothing."""
         produced = 0
         failed = await gen.pulled()
         if failed is not None:
@@ -438,19 +668,21 @@ class _Service:
                         yield _sse_line(gen.chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
                                                    "logprobs": None, "finish_reason": None}))
                     produced += 1
-                    text, stopped = gen.sampler.add(event.index)
-                    choice: dict[str, Any] = {"index": 0, "logprobs": None,
-                                              "finish_reason": "stop" if stopped else event.finish_reason}
+                    piece = gen.take(event)
+                    logprobs = gen.logprobs([piece])
+                    if not piece.text and logprobs is None and piece.finish_reason is None:
+                        continue
+                    choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": piece.finish_reason}
                     if gen.chat:
-                        choice["delta"] = {"content": text}
+                        choice["delta"] = {"content": piece.text}
                     else:
-                        choice.update(text=text, stop_reason=stopped)
+                        choice.update(text=piece.text, stop_reason=piece.stop)
                     chunk = gen.chunk(choice)
                     params = gen.kv_transfer_params(event, self.config)
                     if params is not None:
                         chunk["kv_transfer_params"] = params
                     yield _sse_line(chunk)
-                    if stopped:
+                    if piece.stop is not None:
                         break  # leaving `async with` cancels the rest of the generation
         except engine.EngineStopped as error:
             yield _sse_line(error_body(str(error), kind="ServiceUnavailableError", code=503))
@@ -461,23 +693,20 @@ class _Service:
     async def _collect(self, gen: _Generation, request: Request) -> Response:
         """A non-streaming answer; a client that goes away before it is ready cancels the request."""
 
-        pieces: list[str] = []
-        stopped: str | None = None
         failed = await gen.pulled()
         if failed is not None:
             return _error(failed, kind="KVTransferError", code=502)
 
-        async def consume() -> list[scheduler.TokenEvent]:
-            nonlocal stopped
-            events = []
+        async def consume() -> tuple[list[scheduler.TokenEvent], list[Piece]]:
+            events: list[scheduler.TokenEvent] = []
+            pieces: list[Piece] = []
             async with gen.stream:  # leaving it at a stop sequence cancels the rest of the generation
                 async for event in gen.stream:
                     events.append(event)
-                    text, stopped = gen.sampler.add(event.index)
-                    pieces.append(text)
-                    if stopped:
+                    pieces.append(gen.take(event))
+                    if pieces[-1].stop is not None:
                         break
-            return events
+            return events, pieces
 
         work = asyncio.create_task(consume())
         watch = asyncio.create_task(_disconnected(request))
@@ -491,12 +720,14 @@ class _Service:
         if work.cancelled() or work not in done:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
         try:
-            events = work.result()
+            events, pieces = work.result()
         except engine.EngineStopped as error:
             return _error(str(error), kind="ServiceUnavailableError", code=503)
-        text = "".join(pieces)
-        finish = "stop" if stopped else events[-1].finish_reason if events else None
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "stop_reason": stopped}
+        text = "".join(p.text for p in pieces)
+        last = pieces[-1] if pieces else None
+        choice: dict[str, Any] = {"index": 0, "logprobs": gen.logprobs(pieces),
+                                  "finish_reason": last.finish_reason if last else None,
+                                  "stop_reason": last.stop if last else None}
         if gen.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -655,7 +886,7 @@ class DrainingServer(uvicorn.Server):
         if self.drain_started is not None and not self.should_exit:
             waited = time.monotonic() - self.drain_started
             snapshot = self.engine.snapshot()
-            idle = snapshot.running + snapshot.waiting + snapshot.held == 0
+            idle = snapshot.running + snapshot.waiting + snapshot.held + snapshot.arriving == 0
             if (idle and waited >= min(QUIET_S, self.drain_s)) or waited >= self.drain_s:
                 logger.info("drained after %.1f s%s", waited, "" if idle else " (drain time up: stopping anyway)")
                 self.config.timeout_graceful_shutdown = max(1, round(self.drain_s - waited))

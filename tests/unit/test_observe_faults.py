@@ -26,7 +26,7 @@ import pytest
 
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner import core, live, observe
+from fleetpilot.planner import core, live, observe, step
 
 
 class FakePrometheus:
@@ -168,7 +168,8 @@ def test_the_planner_holds_says_why_and_resumes(prometheus: FakePrometheus) -> N
                  "components": {"prefill": {"replicas": 2}, "decode": {"replicas": 2}},
                  "planner": {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "predictor": "constant"}},
         "status": {}}
-    planner.memory[("ns", "g")] = core.GraphMemory()  # no warm start: the fake answers instant queries only
+    # No warm start (the fake answers instant queries only): a graph already planned before.
+    planner.planned[("ns", "g")] = live.PlannedGraph(state=step.GraphState(memory=core.GraphMemory(rates=(1.0,))))
     for mode in ("nan", "empty", "stale", "500", "hang", "labels"):
         prometheus.mode = mode
         plan = asyncio.run(planner.plan_graph(body))
