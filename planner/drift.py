@@ -18,6 +18,13 @@ Sustained: the median of the per-interval ratios over the intervals kept (the la
 anything, as many as the planner's calibration window: an idle graph keeps its last judgement), once at
 least `MIN_INTERVALS` of them measured it, beyond 1 ± threshold (slower: above 1 + threshold; faster:
 below 1 / (1 + threshold)).
+
+The figures reported with it are the median interval's own, so that measured ÷ predicted is the ratio
+printed beside them. Medians of the measured and of the predicted figures taken apart would come from
+different intervals (a busy interval's measured TTFT beside a quiet one's prediction), and their
+quotient from neither. With an even count the median is the geometric mean of the two middle intervals
+— of their ratios, and alike of their measured and of their predicted figures — which keeps the three
+consistent and treats ×2 and ×0.5 as equally far off.
 """
 
 from __future__ import annotations
@@ -84,7 +91,8 @@ def ttft_sample(capacity: capacities.CapacityModel, *, observed_s: float | None,
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
-    """One metric over the intervals kept: medians of what was measured and predicted, and of the ratio."""
+    """One metric over the intervals kept: the median interval by ratio (see the module docstring), its
+    measured and predicted figures and their ratio, and how many intervals measured the metric."""
 
     metric: Metric
     observed_s: float
@@ -96,7 +104,7 @@ class Figure:
         name = _NAMES[self.metric]
         unit, scale = ("ms", 1e3)
         return (f"{name} {self.observed_s * scale:.1f} {unit} measured vs {self.predicted_s * scale:.1f} {unit} "
-                f"predicted (×{self.ratio:.2f}, median of {self.intervals} intervals)")
+                f"predicted (×{self.ratio:.2f}, the median of {self.intervals} intervals by ratio)")
 
 
 Reason = Literal["Drifted", "AsProfiled", "NotMeasured"]
@@ -120,8 +128,13 @@ class Verdict:
         return figure.ratio > 1.0 + self.threshold or figure.ratio < 1.0 / (1.0 + self.threshold)
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else math.nan
+def median_interval(samples: Sequence[Sample], metric: Metric) -> tuple[float, float]:
+    """(measured, predicted) of the interval whose ratio is the median of `samples` (all measured `metric`);
+    with an even count, the geometric means of the two middle intervals' figures."""
+    ranked = sorted(samples, key=lambda s: s.ratio(metric))
+    middle = ranked[(len(ranked) - 1) // 2: len(ranked) // 2 + 1]  # one interval, or the two middle ones
+    return (statistics.geometric_mean([s.observed(metric) for s in middle]),
+            statistics.geometric_mean([s.predicted(metric) for s in middle]))
 
 
 def judge(samples: Sequence[Sample], *, threshold: float = DEFAULT_THRESHOLD,
@@ -132,9 +145,8 @@ def judge(samples: Sequence[Sample], *, threshold: float = DEFAULT_THRESHOLD,
         measured = [s for s in samples if math.isfinite(s.ratio(metric))]
         if len(measured) < min_intervals:
             continue
-        figures.append(Figure(metric, _median([s.observed(metric) for s in measured]),
-                              _median([s.predicted(metric) for s in measured]),
-                              _median([s.ratio(metric) for s in measured]), len(measured)))
+        observed, predicted = median_interval(measured, metric)
+        figures.append(Figure(metric, observed, predicted, observed / predicted, len(measured)))
     if not figures:
         return Verdict(None, "NotMeasured", f"fewer than {min_intervals} intervals with traffic measured TTFT or "
                        "ITL against the profile yet", threshold=threshold)

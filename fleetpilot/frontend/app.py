@@ -34,9 +34,11 @@ from typing import Any
 import httpx
 import prometheus_client
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetpilot.api import contract
 from fleetpilot.frontend import routing
@@ -66,6 +68,8 @@ KEEPALIVE_EXPIRY_S = 4.0
 #: What a 503 tells a client to wait before it tries again: about what a held request would have
 #: waited for a replica to start, short enough that a client retrying sees the workers come up.
 RETRY_AFTER_S = 10
+#: The ASGI scope key holding the request's arrival (time.monotonic()), stamped by `StampArrival`.
+ARRIVED = "fleetpilot.arrived"
 
 
 def unavailable(message: str, *, code: str = "no_worker") -> ApiError:
@@ -113,6 +117,27 @@ def chunk_text(chunk: dict[str, Any]) -> str:
     for choice in chunk.get("choices") or []:
         text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
     return text
+
+
+class StampArrival:
+    """ASGI middleware, outermost but for Starlette's error handler: stamps each HTTP request's scope with
+    its arrival, the first moment the app runs for it (uvicorn starts the app's task once it has parsed
+    the request head; the body comes later, through `receive`).
+
+    TTFT, request duration and prefill time count from this stamp, so that receiving and parsing the
+    body, validation, holding and whatever runs before the handler builds its tracker all fall inside
+    them, as they do for the client. Before the stamp, out of the app's sight: the socket, uvicorn's
+    parsing of the head, and the new task's wait for its first turn on the event loop, which grows with
+    the requests in flight (benchmarks/frontend_ttft.py measures what is left).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[ARRIVED] = time.monotonic()
+        await self.app(scope, receive, send)
 
 
 @dataclass
@@ -494,7 +519,11 @@ class Frontend:
             yield chunk
 
     async def handle(self, request: Request) -> Response:
-        tracker = Tracker(request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,  # clock starts now
+        # The clock starts at the request's arrival in the app (StampArrival), not here; here only when the
+        # handler is served without the middleware.
+        arrived = request.scope.get(ARRIVED)
+        tracker = Tracker(request_id=request.headers.get("x-request-id") or uuid.uuid4().hex,
+                          started=arrived if isinstance(arrived, float) else time.monotonic(),
                           on_phase=self._phase_changed)
         headers = {"x-request-id": tracker.request_id}
         path = request.url.path
@@ -562,7 +591,9 @@ class Frontend:
                     continue
                 yield f"data: {json.dumps(chunk)}\n\n"
                 if chunk_text(chunk):
-                    tracker.token()  # after the yield returns: the chunk has gone out to the client
+                    # The yield returns once StreamingResponse's `await send(...)` of this chunk has: the
+                    # server has written it to the connection (having waited first if the client was behind).
+                    tracker.token()
             status = "ok"
         except ApiError as error:
             # The stream has started (its 200 is sent): the error ends it as an event, and is counted.
@@ -682,6 +713,7 @@ class Frontend:
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
             ],
+            middleware=[Middleware(StampArrival)],
             lifespan=lifespan,
             exception_handlers={404: _not_found, 405: _not_allowed},
         )

@@ -59,8 +59,11 @@ class FrontendMetrics:
         self.started = Counter(contract.STARTED_METRIC, "Requests received: the offered load.",
                                ["model"], registry=r)
         self.inflight = Gauge("fleetpilot_frontend_inflight_requests", "Requests being served.", ["model"], registry=r)
-        self.ttft = Histogram("fleetpilot_frontend_time_to_first_token_seconds", "Time to first token, per request.",
-                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "fleetpilot_frontend_time_to_first_token_seconds",
+            "Time to first token, per request: from its arrival in the frontend's ASGI app to its first chunk "
+            "with content written to the client (streaming) or received from the worker (not streaming).",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.prefill = Histogram(
             "fleetpilot_frontend_prefill_seconds",
             "Disaggregated graphs: from request received until the prefill worker handed the KV cache over "
@@ -83,7 +86,8 @@ class FrontendMetrics:
         self.itl = Histogram("fleetpilot_frontend_inter_token_latency_seconds",
                              "One observation per request: its mean inter-token latency.",
                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.duration = Histogram("fleetpilot_frontend_request_duration_seconds", "End-to-end request duration.",
+        self.duration = Histogram("fleetpilot_frontend_request_duration_seconds",
+                                  "End-to-end request duration, from its arrival in the frontend's ASGI app.",
                                   ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.input_tokens = Histogram("fleetpilot_frontend_input_tokens", "Input sequence length (ISL).",
                                       ["model"], buckets=TOKEN_BUCKETS, registry=r)

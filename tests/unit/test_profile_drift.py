@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import statistics
 
 import pydantic
 import pytest
@@ -116,6 +118,26 @@ def test_a_faster_fleet_is_drift_too() -> None:
     assert figure is not None and figure.ratio == pytest.approx(0.5)
     mixed = drift.judge([drift.Sample(0.1, 0.2, 0.026, 0.02)] * 6)
     assert mixed.drifted is True and mixed.message.startswith("the fleet differs from its profile beyond 20%")
+
+
+def test_the_message_ratio_is_the_quotient_of_the_figures_it_prints() -> None:
+    """The median measured and the median predicted come from different intervals here (both 500 ms, a
+    quotient of 1.00), while the median interval's ratio is 0.875: the message prints that interval's
+    figures, whose quotient is the ratio beside them; with an even count, the two middle intervals'."""
+    intervals = [(0.100, 0.200), (0.300, 0.400), (0.900, 1.000), (0.700, 0.800), (0.500, 0.500)]
+    for extra in ([], [(0.600, 0.500)]):
+        samples = [drift.Sample(ttft_observed_s=o, ttft_predicted_s=p) for o, p in intervals + extra]
+        verdict = drift.judge(samples)
+        found = re.search(r"TTFT ([\d.]+) ms measured vs ([\d.]+) ms predicted \(×([\d.]+)", verdict.message)
+        assert found is not None, verdict.message
+        measured, predicted, ratio = (float(g) for g in found.groups())
+        assert ratio == pytest.approx(measured / predicted, abs=0.006), verdict.message
+        figure = verdict.figure("ttft")
+        assert figure is not None and figure.ratio == pytest.approx(figure.observed_s / figure.predicted_s)
+        ratios = sorted(o / p for o, p in intervals + extra)
+        middle = ratios[(len(ratios) - 1) // 2: len(ratios) // 2 + 1]
+        assert figure.ratio == pytest.approx(statistics.geometric_mean(middle))
+    assert (measured, predicted) == (pytest.approx(793.7, abs=0.05), pytest.approx(894.4, abs=0.05))
 
 
 def test_auto_correct_off_sizes_from_the_profile_as_written(model: capacity.CapacityModel) -> None:
