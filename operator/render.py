@@ -536,7 +536,8 @@ def workload(
     settings: RenderSettings,
     generation: str | None = None,
 ) -> list[Manifest]:
-    """Everything one component runs on: Deployment, Service, PDB and per-engine helpers. A worker
+    """Everything one component runs on, in dependency order: per-engine helpers (the frontend's
+    ServiceAccount and RBAC, TensorRT-LLM's ConfigMap), Service, PDB, then the Deployment. A worker
     component's Deployment and PDB are those of one generation (the graph's current one unless
     `generation` says otherwise); the frontend's are the component's own."""
     name = contract.child_name(graph.metadata.name, component)
@@ -574,8 +575,10 @@ def workload(
                 "template": pod_template(graph, component, settings, generation=generation),
             },
         }
+    # In the order they are applied, each before what needs it: the frontend's ServiceAccount and RBAC and
+    # an engine's ConfigMap before the pods that mount them (a pod naming a ServiceAccount not yet made is
+    # refused: FailedCreate), the Service and PDB, then the workload.
     objects: list[Manifest] = [
-        runner,
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -599,16 +602,16 @@ def workload(
         },
     ]
     framework = graph.spec.engine.framework
-    if component == "frontend" and not graph.spec.pod_template.service_account_name:
-        objects += frontend_rbac(graph, owner)
     if framework == "trtllm" and component in ("prefill", "decode"):
-        objects.append({
+        objects.insert(0, {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": _meta(graph, component, owner, name=f"{name}-trtllm"),
             "data": {"extra-llm-api-options.yaml": trtllm_extra_options(component)},
         })
-    return objects
+    if component == "frontend" and not graph.spec.pod_template.service_account_name:
+        objects[:0] = frontend_rbac(graph, owner)
+    return [*objects, runner]
 
 
 # -- multinode groups ----------------------------------------------------------------------------------

@@ -95,6 +95,10 @@ def test_samples_create_owned_children_on_gpu_nodes(kubectl: Kubectl, operator: 
 
     table = kubectl.run("get", "dg", "-n", namespace).stdout
     assert re.search(r"llama-8b-sim\s+True\s+1/1\s+2/2\s+2/2", table), table
+    # Children are created in dependency order: no pod was refused for a ServiceAccount (or a ConfigMap)
+    # that did not exist yet.
+    refused = [e["message"] for e in kubectl.items("events", namespace) if e["reason"] == "FailedCreate"]
+    assert not refused, refused
 
 
 def test_graph_needing_more_gpus_than_exist_reports_unschedulable(
