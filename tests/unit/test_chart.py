@@ -28,6 +28,7 @@ import yaml
 from gotools import go_tool
 
 from fleetpilot import cli
+from fleetpilot.api import contract
 from fleetpilot.devcluster import cluster as devcluster
 from fleetpilot.frontend import metrics as frontend_metrics
 from fleetpilot.operator import metrics as operator_metrics
@@ -267,12 +268,31 @@ def test_every_bucket_bound_named_is_one_the_frontend_exports() -> None:
     """An `le` that is not one of the frontend's bounds selects nothing: the alert or panel reads empty."""
     bounds = {prometheus_client.utils.floatToGoString(b) for b in frontend_metrics.LATENCY_BUCKETS} | {"+Inf"}
     files = [RULES, *RULE_TESTS, *DASHBOARDS]
-    # le="0.5" (PromQL, rule tests), le=\"0.5\" (JSON), "le", "0.5" (label_replace in the rules).
+    # le="0.5" (PromQL, rule tests), le=\"0.5\" (JSON), "le", "0.5" (label_replace).
     pattern = re.compile(r'\ble\\?"?\s*=\s*\\?"([^"\\]+)|"le",\s*"([^"]+)"')
     named = {(path.name, a or b) for path in files for a, b in pattern.findall(path.read_text())}
     assert named, "no bucket bound found: the pattern is wrong"
     assert {value for _, value in named} <= bounds, sorted((f, v) for f, v in named if v not in bounds)
-    assert {value for _, value in named} >= {"0.468495", "0.050066"}  # the rules' default SLA
+    assert {value for _, value in named} >= {"0.468495", "0.050066"}  # the samples' SLA, in the rule tests
+    # The rules hold no SLA of their own: a graph's targets are the planner's series, or none.
+    assert not pattern.findall(RULES.read_text())
+
+
+def test_rule_tests_feed_the_sla_series_the_planner_exports() -> None:
+    """Each target the rule tests give a graph has the `le` the planner's `_export_sla` writes for it: a
+    made-up bound would pass promtool while every live burn rate read nothing."""
+    fed: list[tuple[str, float, str]] = []  # (metric, target in seconds, le)
+    for path in RULE_TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for series in case.get("input_series", []):
+                if series["series"].startswith("fleetpilot_planner_sla_target_seconds{"):
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', series["series"]))
+                    target_s = float(series["values"].split("x")[0])  # a constant: '0.5x120'
+                    fed.append((labels["metric"], target_s, labels["le"]))
+    assert {metric for metric, _, _ in fed} == {"ttft", "itl"}
+    for metric, target_s, le in fed:
+        exported = prometheus_client.utils.floatToGoString(contract.latency_bucket(target_s))
+        assert le == exported, (metric, target_s, le)
 
 
 def test_sla_dashboard_shows_what_the_issue_asks_for() -> None:
