@@ -27,6 +27,15 @@ requests): past the full run's hour, so they run on their own).
 `--row "Azure code 2023, ×4"` (repeatable) runs only the rows whose label contains it, every policy
 as in the full run (with `--large`, one of the large fleets); give it an `--out` so the full report is
 not overwritten.
+`--family N [--family-seed-base B]`: instead of the traces, seeds B..B+N−1 of the synthetic traffic
+family (`planner/backtest/family.py`: diurnal and weekly cycles, ramps, flash crowds, outages, on/off
+minutes, minute noise, a shift of the length mix; every parameter drawn per seed), 3–5 h each on the
+fluid model, every policy swept as on the real fluid rows (fleetpilot with the constant and ARIMA
+predictors), into backtest_family.md: a row per seed, and over the seeds each policy's median and worst
+ratio to the oracle, how many seeds it met (at any setting, and at its default), and each fleetpilot
+variant's captured share of the saving over the strongest baseline. About 3 minutes per seed on one
+core; with 2 workers, 20 seeds in about half an hour. The traces show that a planner works; the family
+shows whether it generalises.
 """
 
 from __future__ import annotations
@@ -34,9 +43,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the planner runs; before numpy
@@ -44,7 +54,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the planner runs; befor
 from fleetpilot import plots
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.planner.backtest import evaluate
+from fleetpilot.planner.backtest import driver, evaluate, family, scores
 
 REPO = Path(__file__).resolve().parents[1]
 # The shared traces beside the checkout; FLEETPILOT_TRACES names another copy (a machine without ../shared).
@@ -58,6 +68,12 @@ REQUEST_TRACES = {  # name: (file, SLA)
     "Mooncake conversation": (TRACES / "mooncake_fast25" / "conversation_trace.jsonl", MOONCAKE_SLA),
 }
 SERVEGEN = TRACES / "servegen_alibaba" / "aggregate_rate_10min.csv"
+# The family's SLA: Mooncake's, since the family's long-prompt class reaches Mooncake's prompts (at 500 ms
+# most of them could not meet it even alone on an idle replica, and would be excluded).
+FAMILY_SLA = MOONCAKE_SLA
+# The policies fleetpilot is held against: the cheapest of them to meet the SLA, each at its own best
+# setting, is the strongest baseline of a row (`scores.strongest_baseline`).
+BASELINES = ("static-peak", "static-mean", "hpa", "dynamo", "dynamo-v1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +86,12 @@ class Row:
     model: str = ""  # ServeGen only
     tenant_shift_s: float | None = None  # the rate's copies as other tenants (`traces.rate_scale`)
     reading: evaluate.RateReading = "step"  # ServeGen only: the rate within a window (`evaluate.read_rates`)
+    seed: int = 0  # the family only: which of its seeds
 
     @property
     def label(self) -> str:
+        if self.trace == "family":
+            return f"family seed {self.seed}, startup {self.startup_s:g} s"
         tenants = " tenants" if self.tenant_shift_s is not None else ""
         smooth = " smooth" if self.reading == "smooth" else ""
         return (f"{self.trace}{' ' + self.model if self.model else ''}{smooth}, ×{self.rate:g}{tenants}, "
@@ -85,7 +104,11 @@ class Row:
 TENANT_SHIFT_S = 60.0
 
 
-def rows(quick: bool, large: bool = False) -> Iterator[Row]:
+def rows(quick: bool, large: bool = False, seeds: Sequence[int] = ()) -> Iterator[Row]:
+    if seeds:  # the synthetic family instead of the traces
+        for seed in seeds:
+            yield Row("family", 1.0, 120.0, seed=seed)
+        return
     if large:  # cheapest first, as below; Mooncake ×64's oracle search is hours (its 770k long prompts)
         for trace in REQUEST_TRACES:
             yield Row(trace, 16.0, 120.0, tenant_shift_s=TENANT_SHIFT_S)
@@ -114,6 +137,9 @@ def rows(quick: bool, large: bool = False) -> Iterator[Row]:
 
 
 def scenario(row: Row, profile: profiles.Profile, *, workers: int = 1) -> evaluate.Scenario:
+    if row.trace == "family":
+        return family.family_scenario(row.seed, profile=profile, sla=FAMILY_SLA, startup_s=row.startup_s,
+                                      burn_in_s=None)
     if row.trace == "ServeGen":
         return evaluate.scenario_from_servegen(row.label, SERVEGEN, profile=profile, sla=SLA, burn_in_s=None,
                                                rate_factor=row.rate, model=row.model, startup_s=row.startup_s,
@@ -152,10 +178,87 @@ def coverage_section() -> list[str]:
     return ["## Forecast coverage: does the calibrated q-quantile cover q of the load?", *body, ""]
 
 
+def _met(run: driver.RunResult | None) -> bool:
+    return run is not None and run.effective >= (run.scores.target if run.scores is not None else 0.9) - 1e-12
+
+
+def _median_worst(values: Sequence[float], *, worst: str, spec: str = ".2f") -> tuple[str, str]:
+    if not values:
+        return "—", "—"
+    pick = max if worst == "max" else min
+    return format(statistics.median(values), spec), format(pick(values), spec)
+
+
+def family_board(headline: Sequence[tuple[Row, Mapping[str, evaluate.Summary]]]) -> list[str]:
+    """Over the seeds run: each policy's median and worst ratio to the oracle on the seeds where it met
+    the SLA, on how many it met it (at some setting of its sweep, and at its default), and for each
+    fleetpilot variant the captured share of the saving over the strongest baseline, per seed and over
+    the seeds (`scores.strongest_baseline`, `scores.captured_share`)."""
+    summaries = [summary for _, summary in headline]
+    n = len(summaries)
+    groups = list(dict.fromkeys(g for summary in summaries for g in summary))
+    oracle_met = sum(summary["oracle"].gpu_hours_at_target is not None for summary in summaries)
+    lines = [
+        "## The family over its seeds", "",
+        (f"{n} seed(s); the oracle met the SLA on {oracle_met}. Per policy: on how many seeds it met the SLA at some "
+         "setting of its sweep; over those where the oracle met it too, the median and the worst of its GPU-hours "
+         "to meet it over the oracle's (the per-seed table below); and on how many seeds its default setting met "
+         "it."), "",
+        "| policy | seeds met | median ÷ oracle | worst ÷ oracle | met at default |", "|---|---:|---:|---:|---:|",
+    ]
+    for g in groups:
+        if g == "oracle":
+            continue
+        met = sum(summary[g].gpu_hours_at_target is not None for summary in summaries if g in summary)
+        ratios = [r for summary in summaries if g in summary and (r := evaluate.ratio_to_oracle(summary, g)) is not None]
+        median, worst = _median_worst(ratios, worst="max")
+        default = (f"{sum(_met(summary[g].at_default) for summary in summaries if g in summary)}/{n}"
+                   if evaluate.knob_kind(g) in evaluate.DEFAULT_KNOBS else "—")
+        lines.append(f"| {g} | {met}/{n} | {median} | {worst} | {default} |")
+    fleetpilots = [g for g in groups if g.startswith("fleetpilot-")]
+    shares: dict[str, list[float]] = {g: [] for g in fleetpilots}
+    alone: dict[str, int] = dict.fromkeys(fleetpilots, 0)  # met where no baseline did
+    per_seed = []
+    for row, summary in headline:
+        costs = {g: s.gpu_hours_at_target for g, s in summary.items()}
+        strongest = scores.strongest_baseline(costs, BASELINES)
+        oracle = costs.get("oracle")
+        cells = []
+        for g in fleetpilots:
+            ours = costs.get(g)
+            share = (scores.captured_share(baseline=strongest[1], ours=ours, oracle=oracle)
+                     if strongest is not None and ours is not None and oracle else None)
+            if share is not None:
+                shares[g].append(share)
+            if strongest is None and ours is not None:
+                alone[g] += 1
+            cells.append("not met" if ours is None else "no baseline met" if strongest is None
+                         else "oracle not met" if not oracle else "—" if share is None else f"{share:.0%}")
+        base = "none met" if strongest is None else (
+            f"{strongest[0]} ({strongest[1] / oracle:.2f})" if oracle else strongest[0])
+        per_seed.append(f"| {row.label} | {base} | " + " | ".join(cells) + " |")
+    lines += [
+        "", "### Captured share of the possible saving", "",
+        ("Per seed, the strongest baseline is the cheapest of " + ", ".join(BASELINES) + " to meet the SLA, each at "
+         "its own best setting (in brackets: its ratio to the oracle); a fleetpilot variant's captured share is "
+         "(strongest baseline − fleetpilot) / (strongest baseline − oracle), in GPU-hours to meet the SLA: 100% "
+         "is the oracle's cost, 0% the baseline's, below 0 dearer than the baseline. fleetpilot's default "
+         "predictor is ARIMA (`spec.planner.predictor`)."), "",
+        "| policy | seeds with a share | median | worst | met where no baseline did |", "|---|---:|---:|---:|---:|",
+    ]
+    for g in fleetpilots:
+        median, worst = _median_worst(shares[g], worst="min", spec=".0%")
+        lines.append(f"| {g} | {len(shares[g])}/{n} | {median} | {worst} | {alone[g]} |")
+    lines += ["", "| seed | strongest baseline (÷ oracle) | " + " | ".join(fleetpilots) + " |",
+              "|---|---|" + "---:|" * len(fleetpilots), *per_seed, ""]
+    return lines
+
+
 def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, evaluate.Summary]]],
                  sections: list[str], fidelity: list[str], skipped: bool, total: float, *, finished: bool) -> None:
     groups = list(dict.fromkeys(g for _, summary in headline for g in summary))
-    table = ["| trace, rate, startup | " + " | ".join(g for g in groups if g != "oracle") + " | oracle GPU-h |",
+    what = "seed, startup" if args.family else "trace, rate, startup"
+    table = [f"| {what} | " + " | ".join(g for g in groups if g != "oracle") + " | oracle GPU-h |",
              "|---|" + "---:|" * len(groups)]
     for row, summary in headline:
         cells = []
@@ -170,7 +273,7 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
             cells.append("not met" if ratio is None else f"{ratio:.2f}{mark}")
         oracle = summary["oracle"].gpu_hours_at_target
         table.append(f"| {row.label} | " + " | ".join(cells) + f" | {'not met' if oracle is None else f'{oracle:.2f}'} |")
-    defaults = ["| trace, rate, startup | " + " | ".join(
+    defaults = [f"| {what} | " + " | ".join(
                     f"{g} ({evaluate.DEFAULT_KNOBS[evaluate.knob_kind(g)]:g})" for g in groups
                     if evaluate.knob_kind(g) in evaluate.DEFAULT_KNOBS) + " |",
                 "|---|" + "---:|" * sum(evaluate.knob_kind(g) in evaluate.DEFAULT_KNOBS for g in groups)]
@@ -179,9 +282,11 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
             evaluate.default_cell(summary, g) if g in summary else "—"
             for g in groups if evaluate.knob_kind(g) in evaluate.DEFAULT_KNOBS) + " |")
     header = [
-        "# Planner backtest", "",
+        "# Planner backtest" + (": the synthetic traffic family" if args.family else ""), "",
         (f"Generated by `~/.cache/fleetpilot/venv/bin/python benchmarks/backtest.py{' --quick' if args.quick else ''}"
          f"{' --large' if args.large else ''}"
+         f"{f' --family {args.family}' if args.family else ''}"
+         f"{f' --family-seed-base {args.family_seed_base}' if args.family and args.family_seed_base else ''}"
          f"{''.join(f' --row {text!r}' for text in args.row)}` "
          f"({args.workers} workers, {total / 60:.1f} min on the 2-core development machine"
          f"{'' if finished else '; stopped before every row ran'}). Policies, knobs and "
@@ -210,7 +315,16 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
             "landing its bursts on the others'. Same requests for every policy in a row; the two readings "
             "bracket how bursty a bigger fleet's traffic is."), ""]
           if any(row.tenant_shift_s is not None for row, _ in headline) else []),
-        "## Headline: GPU-hours to meet the SLA, as a ratio to the oracle", "", *table, "",
+        *([("Each row is one seed of the synthetic traffic family (`planner/backtest/family.py`, whose docstring "
+            "gives every component and the range of each parameter drawn per seed, taken from the public traces): "
+            "3–5 h of diurnal and weekly cycles, ramps, flash crowds, an outage, on/off minutes, minute noise and a "
+            "shift of the prompt/output mix, on the fluid fleet model in one-minute steps, the SLA Mooncake's "
+            f"(TTFT {FAMILY_SLA.ttft_ms:g} ms, ITL {FAMILY_SLA.itl_ms:g} ms, p{FAMILY_SLA.percentile:g}: the family's "
+            "long prompts reach Mooncake's). Every policy runs as on the real fluid rows: the same knobs and "
+            "sweeps, fleetpilot with the constant and ARIMA predictors, the same scores. No PNGs: the per-seed "
+            "detail is in the tables below."), "", *family_board(headline)] if args.family else []),
+        ("## Per seed: GPU-hours to meet the SLA, as a ratio to the oracle" if args.family
+         else "## Headline: GPU-hours to meet the SLA, as a ratio to the oracle"), "", *table, "",
         "## Without tuning: every policy at its default setting", "",
         ("What a user gets who sets no knob, on traffic nobody tuned for: each policy at the setting it ships "
          "with or documents (in brackets: static sizes for the peak or mean interval as it is, HPA at the 50% "
@@ -230,7 +344,9 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
         "| scenario | policy | knob | GPU-hours | per request | fluid | |", "|---|---|---:|---:|---:|---:|---|",
         *fidelity, "",
     ]
-    if not args.large:  # a property of the predictors: the full report has it
+    if args.family:  # every row runs on the fluid: nothing to check it against, and coverage is the full report's
+        footer = []
+    elif not args.large:  # a property of the predictors: the full report has it
         footer += coverage_section()
     if skipped:
         note = plots.skipped_note("timelines and cost curves")
@@ -241,8 +357,8 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
 
 
 def report_name(args: argparse.Namespace) -> str:
-    """The large fleets have a report of their own, so the full run's stays whole."""
-    return "backtest_large.md" if args.large else "backtest.md"
+    """The large fleets and the family have reports of their own, so the full run's stays whole."""
+    return "backtest_family.md" if args.family else "backtest_large.md" if args.large else "backtest.md"
 
 
 def main() -> int:
@@ -253,10 +369,19 @@ def main() -> int:
     modes.add_argument("--large", action="store_true",
                        help="only the large fleets: ×16 and ×64 as tenants, ×64 as copies (Azure ×64: 24 min; "
                             "Mooncake ×64: hours), into backtest_large.md")
+    modes.add_argument("--family", type=int, default=0, metavar="N",
+                       help="N seeds of the synthetic traffic family instead of the traces (about 3 min a seed "
+                            "on one core), into backtest_family.md")
+    parser.add_argument("--family-seed-base", type=int, default=0, metavar="B",
+                        help="with --family: seeds B..B+N-1 (default 0)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--row", action="append", default=[], metavar="TEXT",
                         help="only the rows whose label contains TEXT (repeatable)")
     args = parser.parse_args()
+    if args.family < 0:
+        parser.error("--family takes a number of seeds, at least 1")
+    if args.family_seed_base and not args.family:
+        parser.error("--family-seed-base needs --family N")
     args.out.mkdir(parents=True, exist_ok=True)
     predictors = ("constant",) if args.quick else evaluate.PREDICTORS
     # Kalman and Prophet refit on 2,016 ten-minute intervals cost 80–170 s per run on 14 days (measured):
@@ -269,7 +394,9 @@ def main() -> int:
     sections: list[str] = []
     fidelity: list[str] = []
     skipped = False
-    chosen_rows = [row for row in rows(args.quick, args.large) if not args.row or any(text in row.label for text in args.row)]
+    seeds = range(args.family_seed_base, args.family_seed_base + args.family)
+    chosen_rows = [row for row in rows(args.quick, args.large, seeds)
+                   if not args.row or any(text in row.label for text in args.row)]
     if not chosen_rows:
         parser.error(f"no row's label contains any of {args.row}; labels look like "
                      f"{next(rows(False)).label!r}")
@@ -288,15 +415,16 @@ def main() -> int:
         headline.append((row, summary))
         name = slug(row.label)
         drawn: dict[str, str] = {}
-        for policy in (evaluate.best_fleetpilot(summary) or f"fleetpilot-{predictors[0]}", "dynamo", "oracle"):
+        # The family draws no PNGs: twenty seeds' timelines would bury the report; its tables carry the detail.
+        for policy in () if args.family else (evaluate.best_fleetpilot(summary) or f"fleetpilot-{predictors[0]}", "dynamo", "oracle"):
             chosen = summary[policy].cheapest_meeting or max(done[policy].results, key=lambda r: r.effective)
             if evaluate.plot_timeline(chosen, scenario_, args.out / f"backtest_{name}_{policy}.png",
                                       title=f"{row.label}: {policy}, knob {chosen.knob:g}"):
                 drawn[f"{policy} timeline"] = f"backtest_{name}_{policy}.png"
-        if evaluate.plot_curves(scenario_, done, args.out / f"backtest_{name}_curves.png",
-                                target=SLA.percentile / 100):
+        if not args.family and evaluate.plot_curves(scenario_, done, args.out / f"backtest_{name}_curves.png",
+                                                    target=SLA.percentile / 100):
             drawn["cost vs score"] = f"backtest_{name}_curves.png"
-        skipped = skipped or not drawn
+        skipped = skipped or (not drawn and not args.family)
         sections.append(evaluate.markdown_section(scenario_, done, png=drawn)
                         + f"\nWhole sweep: {elapsed:.0f} s with {args.workers} worker(s).\n")
         print(f"   done in {elapsed:.0f} s", flush=True)

@@ -321,6 +321,45 @@ def scenario_from_servegen(name: str, path: Path, *, profile: profiles.Profile, 
     )
 
 
+def scenario_from_counts(name: str, counts: np.ndarray, *, profile: profiles.Profile, sla: api.SlaTarget,
+                         step_s: float, isl_sample: Sequence[int], osl_sample: Sequence[int], description: str,
+                         interval_s: float = 60.0, startup_s: float = 120.0,
+                         interval_lengths: Sequence[tuple[float, float]] | None = None,
+                         prompt_mix: np.ndarray | None = None,
+                         bounds: Mapping[FleetPool, tuple[int, int]] | None = None,
+                         timing: perfmodel.PerformanceModel | None = None,
+                         burn_in_s: float | None = 0.0) -> Scenario:
+    """Arrival counts per fluid step (a generated series: `family`) as a fluid scenario.
+
+    `interval_lengths`: each planning interval's (mean prompt, mean output) length, what the static
+    sizings read (None: the sample's means throughout); `prompt_mix`: each step's mean prompt service
+    over the sample's (`FluidFleet`); `burn_in_s` as in `scenario_from_trace`. The counts must fill
+    whole planning intervals.
+    """
+    counts = np.asarray(counts, dtype=float)
+    per_interval = round(interval_s / step_s)
+    if per_interval < 1 or not math.isclose(per_interval * step_s, interval_s) or len(counts) % per_interval:
+        raise ValueError(f"{len(counts)} steps of {step_s:g} s do not fill whole planning intervals of {interval_s:g} s")
+    isl, osl = np.asarray(isl_sample, dtype=float), np.asarray(osl_sample, dtype=float)
+    duration = len(counts) * step_s
+    burn_in_s = _checked_burn_in(burn_in_s, duration, interval_s)
+    rates = counts.reshape(-1, per_interval).sum(axis=1) / interval_s
+    means = interval_lengths or [(float(isl.mean()), float(osl.mean()))] * len(rates)
+    if len(means) != len(rates):
+        raise ValueError(f"interval_lengths has {len(means)} entries for {len(rates)} planning intervals")
+    loads = tuple(policies.IntervalLoad(float(r), float(i), float(o)) for r, (i, o) in zip(rates, means, strict=True))
+    beliefs = capacity.CapacityModel(profile)
+    config = fleet_config(timing or default_timing(), startup_s)
+    return Scenario(
+        name=name, fidelity="fluid", sla=sla, duration_s=duration, rates=rates, loads=loads, description=description,
+        setting=policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s,
+                                 bounds=bounds or scaled_bounds(beliefs, sla, loads),
+                                 gpus_per_replica=config.gpus["decode"], decode_batch_cap=config.max_num_seqs),
+        fleet_config=config, counts=counts, prompt_mix=prompt_mix, step_s=step_s,
+        isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl), burn_in_s=burn_in_s,
+    )
+
+
 RateReading = Literal["step", "smooth"]
 RATE_READINGS: tuple[RateReading, ...] = ("step", "smooth")
 

@@ -591,7 +591,8 @@ def fluid_needs(fleet: FluidFleet, *, interval_s: float, sla: api.SlaTarget, att
                 continue
             latency = fleet.latency(float(fleet.arrivals[k]) / fleet.step_s, prefill, decode,
                                     prefill_backlog=prefill_backlog, decode_backlog=decode_backlog,
-                                    within=fleet.sub_arrivals[k], decode_running=decoding)
+                                    within=fleet.sub_arrivals[k], decode_running=decoding,
+                                    prompt_mix=float(fleet.prompt_mix[k]))  # the step's own prompts, as a run prices them
             if fleet.arrivals[k] > 0 and not met(latency, itl=itl):
                 return False
             prefill_backlog, decode_backlog = latency.prefill_backlog_s, latency.decode_backlog_requests

@@ -15,13 +15,17 @@ The rules, as serving papers (DistServe, Splitwise) and llm-d score SLO attainme
 - requests that arrive before `scored_from_s` (a run's burn-in) are replayed but not scored: a planner in
   production has the history its warm start loads, and a replay that starts every policy with none would
   judge its first minutes on what no causal policy can know.
+
+Across policies, the scoreboard reads each one's GPU-hours to meet the SLA against the **strongest
+baseline** (the cheapest of the baselines, each at its own best setting) and the oracle: the share of
+the possible saving a policy **captures**.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -162,3 +166,27 @@ def lone_latencies(isl: np.ndarray, osl: np.ndarray, *, ttft: Callable[[int, int
     itls = np.array([itl(int(i), int(o)) for i, o in unique])
     inverse = inverse.reshape(-1)
     return ttfts[inverse], itls[inverse]
+
+
+# -- the scoreboard: fleetpilot against the strongest baseline --------------------------------------------
+
+
+def strongest_baseline(costs: Mapping[str, float | None], baselines: Sequence[str]) -> tuple[str, float] | None:
+    """The cheapest of `baselines` to meet the SLA, each at its own best setting: (name, GPU-hours), from
+    each policy's cost to meet (None: it never met it). None when no baseline met it."""
+    met = [(cost, name) for name in baselines if (cost := costs.get(name)) is not None]
+    if not met:
+        return None
+    cost, name = min(met)
+    return name, cost
+
+
+def captured_share(*, baseline: float, ours: float, oracle: float) -> float | None:
+    """The share of the saving possible over the strongest baseline that a policy captures:
+    (baseline − ours) / (baseline − oracle), all GPU-hours to meet the SLA. 1: all of it (the oracle's
+    cost), 0: none (the baseline's), below 0: dearer than the baseline. None when the baseline is no
+    dearer than the oracle: there was no saving to capture."""
+    possible = baseline - oracle
+    if possible <= 1e-12 * max(abs(baseline), 1.0):
+        return None
+    return (baseline - ours) / possible
