@@ -42,24 +42,25 @@ def free_port() -> int:
 
 
 class Server:
-    """One fleetpilot process on a loopback port, stopped by its PID."""
+    """One process on a loopback port (`command` and then --host/--port), killed by its PID when done."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, command: list[str], log: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.popen = subprocess.Popen([FLEETPILOT, *args, "--host", "127.0.0.1", "--port", str(self.port)],
+        self.popen = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(self.port)],
                                       stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
-                raise SystemExit(f"{args[0]} exited: see {log}")
+                raise SystemExit(f"a server exited at start: see {log}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise SystemExit(f"{args[0]} did not answer /health within 60 s: see {log}")
+        self.stop()
+        raise SystemExit(f"a server did not answer /health within 60 s: see {log}")
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -131,9 +132,9 @@ def main() -> int:
     args = parser.parse_args()
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / "fleetpilot-frontend-bench"
     logs.mkdir(parents=True, exist_ok=True)
-    worker = Server(["sim", "worker", "--model", MODEL, "--speedup", "100000", "--max-num-seqs", "1024"],
+    worker = Server([FLEETPILOT, "sim", "worker", "--model", MODEL, "--speedup", "100000", "--max-num-seqs", "1024"],
                     logs / "worker.log")
-    route = ["frontend", "--model", MODEL, "--mode", "aggregated", "--router", "least-loaded", "--worker-url", worker.url]
+    route = [FLEETPILOT, "frontend", "--model", MODEL, "--mode", "aggregated", "--router", "least-loaded", "--worker-url", worker.url]
     frontend = Server(route, logs / "frontend.log")  # uvloop and httptools, as deployed
     baseline = Server([*route, "--loop", "asyncio", "--http", "h11"], logs / "frontend-asyncio.log")
     rows = []

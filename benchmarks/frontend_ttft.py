@@ -36,10 +36,7 @@ import datetime
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -49,6 +46,7 @@ from pathlib import Path
 import httpx
 import httpx2
 import openai
+from frontend_bench import Server  # run as a script: benchmarks/ is on the path
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,39 +78,6 @@ PATCHES = {
                     "    await self.app(scope, receive, send)\n"
                     "app.StampArrival.__call__ = keep\n"),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """One fleetpilot process on a loopback port, killed by its PID when done."""
-
-    def __init__(self, command: list[str], log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.popen = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(self.port)],
-                                      stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise SystemExit(f"a server exited at start: see {log}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise SystemExit(f"a server did not answer /health within 60 s: see {log}")
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
 
 
 @dataclasses.dataclass
