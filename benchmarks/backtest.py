@@ -291,7 +291,7 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
          f"({args.workers} workers, {total / 60:.1f} min on the 2-core development machine"
          f"{'' if finished else '; stopped before every row ran'}). Policies, knobs and "
          "scores: planner/backtest/policies.py and planner/backtest/scores.py; every fleetpilot row is the real "
-         "planner core (`core.plan_interval` every interval, its fast path `core.react` every 5 s between; "
+         "planning step (`step.step` every interval, and for its fast path every 5 s between; "
          "`fleetpilot-constant-predictive` runs without the fast path), every dynamo row Dynamo's documented "
          "two-loop planner."), "",
         ("A policy **meets the SLA** when at least 90% of the servable requests meet both TTFT and mean ITL targets "
