@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import json
 import threading
 import time
@@ -376,8 +377,21 @@ def test_scale_to_zero_then_a_burst_is_served(harness: harness_mod.Harness, resu
             "scaled_to_zero_events": [e["message"] for e in asleep_events][:3],
         }
 
-        # Asleep again, then more requests than the hold queue takes: the extra ones are refused at once.
+        # Asleep again, and it stays asleep: ten planning intervals (and their fast-path ticks) at zero, with
+        # the burst's lengths remembered, add no replica and record no FastPath event.
         harness_mod.wait_for(at_zero, timeout=120, what="back to zero after the burst")
+        slept_at = time.time()
+        stayed = []
+        while time.time() < slept_at + 10 * s.interval_s:
+            stayed.append(at_zero())
+            time.sleep(2.0)
+        fast_path_events = [e["message"] for e in graph.kubectl.json("get", "events", "-n", s.namespace)["items"]
+                            if e["reason"] == "FastPath" and event_time(e) >= slept_at]
+        summary["asleep"] = {"intervals": 10, "samples": len(stayed), "at_zero": sum(stayed),
+                             "fast_path_events": fast_path_events[:3]}
+        assert all(stayed) and not fast_path_events, summary["asleep"]
+
+        # Then more requests than the hold queue takes: the extra ones are refused at once.
         full = asyncio.run(queue_full(url, s.served_model, queue))
         summary["queue_full"] = full
 
@@ -409,6 +423,12 @@ def test_scale_to_zero_then_a_burst_is_served(harness: harness_mod.Harness, resu
     timeout = summary["timeout"]
     assert timeout["status"] == 503 and timeout["code"] == "hold_timeout" and int(timeout["retry_after"]) > 0
     assert 3 <= timeout["after_s"] < 10, timeout
+
+
+def event_time(event: dict[str, Any]) -> float:
+    """When an Event last happened (seconds since the epoch), from whichever timestamp it carries."""
+    stamp = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"]["creationTimestamp"]
+    return datetime.datetime.fromisoformat(str(stamp)).timestamp()
 
 
 def worker_times(samples: list[tuple[float, list[dict[str, Any]]]]) -> tuple[dict[str, float], dict[str, float]]:
