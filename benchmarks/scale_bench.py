@@ -388,14 +388,14 @@ class PerGraph:
 
 async def plan_every_graph(planner: Any, observer: Any) -> dict[str, float]:
     """One tick with every graph due: seconds, graphs planned from data, Prometheus queries sent."""
-    for key in list(planner.next_due):
-        planner.next_due[key] = 0.0
+    for kept in planner.planned.values():
+        kept.next_plan = 0.0
     sent = observer.queries_sent
-    seen = {key: len(memory.rates) for key, memory in planner.memory.items()}
+    seen = {key: len(kept.state.memory.rates) for key, kept in planner.planned.items()}
     started = time.monotonic()
     await planner.tick()
     took = time.monotonic() - started
-    planned = sum(1 for key, memory in planner.memory.items() if len(memory.rates) > seen.get(key, 0))
+    planned = sum(1 for key, kept in planner.planned.items() if len(kept.state.memory.rates) > seen.get(key, 0))
     return {"seconds": round(took, 1), "graphs_with_data": planned, "queries": observer.queries_sent - sent}
 
 
