@@ -29,8 +29,8 @@ DRIFT = dataclasses.replace(
     scenario_mod.ClosedLoop(), ttft_ms=1000, itl_ms=90, risk=0.5, fast_path_s=0, engine_slowdown=SLOWDOWN,
     # Prefill starts and stays at two or more: the live planner cannot measure prefill's speed (the engines
     # report no busy share) and this engine's prefill is faster than its profile says (the profile's 18.8 ms
-    # per-request overhead, docs/decisions.md), so with one replica TTFT depended on the forecast's first
-    # intervals and the machine's load, not on what the scenario tests.
+    # per-request overhead, docs/adr/0037-sim-overhead.md), so with one replica TTFT depended on the
+    # forecast's first intervals and the machine's load, not on what the scenario tests.
     bounds=(("prefill", 2, 4), ("decode", 1, 4)), shape=((0, 1.5), (140, 1.5)),
 )
 # The SLA is judged on requests sent from here on. The frontend reports a request's ITL when it ends, 256
