@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetpilot.api import contract
+from fleetpilot.operator import owners
 
 Manifest = dict[str, Any]
 ActionKind = Literal["create-workers", "delete-stale-workers", "admit", "record-members", "restart", "release"]
@@ -102,13 +103,6 @@ def _scheduled(pod: Manifest) -> dict[str, Any]:
 def _unschedulable(pod: Manifest) -> bool:
     scheduled = _scheduled(pod)
     return not pod.get("spec", {}).get("nodeName") and scheduled.get("reason") == "Unschedulable"
-
-
-def _controller_uid(obj: Manifest) -> str | None:
-    for ref in obj.get("metadata", {}).get("ownerReferences", []) or []:
-        if ref.get("controller"):
-            return str(ref.get("uid"))
-    return None
 
 
 def _seconds(timestamp: str | None, default: float) -> float:
@@ -188,7 +182,7 @@ def plan(*, leaders: Iterable[Manifest], worker_sets: Iterable[Manifest], pods: 
     sets_by_name = {s["metadata"]["name"]: s for s in worker_sets}
     pods_by_owner: dict[str, list[Manifest]] = {}
     for pod in pods:
-        owner = _controller_uid(pod)
+        owner = owners.controller_uid(pod)
         if owner is not None:
             pods_by_owner.setdefault(owner, []).append(pod)
     # A release is remembered until its back-off (at most 1.5 timeouts) is long over.
@@ -201,7 +195,7 @@ def plan(*, leaders: Iterable[Manifest], worker_sets: Iterable[Manifest], pods: 
         if _terminating(leader):
             continue  # draining (scale-down, rollout) or being restarted: its workers wait for it
         workers_set = sets_by_name.get(name)
-        if workers_set is not None and _controller_uid(workers_set) != uid:
+        if workers_set is not None and owners.controller_uid(workers_set) != uid:
             # Made for an earlier leader of this name: that group is over.
             if not workers_set["metadata"].get("deletionTimestamp"):
                 out.actions.append(Action("delete-stale-workers", name, leader, workers=workers_set))

@@ -15,7 +15,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -27,6 +27,7 @@ from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import cache as cache_mod
 from fleetpilot.operator import drift, groups, metrics, render, rollout, scaledown, status, workqueue
+from fleetpilot.operator.owners import controller_ref, controller_uid
 
 logger = logging.getLogger("fleetpilot.operator")
 
@@ -43,6 +44,9 @@ class Superseded(Exception):
 
 
 SUPERSEDED_RETRY_SECONDS = 0.5
+#: How often a graph in NameConflict looks again: the foreign object in the way carries none of our labels,
+#: so no watch event says when it goes. Each look is one refused create and one read of that object.
+CONFLICT_RECHECK_SECONDS = 1.0
 #: How old the cluster's free-GPU count in an `Unschedulable` message may be (`ClusterGpus`).
 CLUSTER_GPUS_TTL_SECONDS = 30.0
 
@@ -89,18 +93,6 @@ class ClusterGpus:
         self._pending = None
         if not done.cancelled() and done.exception() is None:  # a failed read: the next reader tries again
             self._read = (self._clock(), done.result())
-
-
-def controller_ref(obj: Manifest) -> Manifest | None:
-    for ref in obj.get("metadata", {}).get("ownerReferences", []):
-        if ref.get("controller"):
-            return dict(ref)
-    return None
-
-
-def controller_uid(obj: Manifest) -> str | None:
-    ref = controller_ref(obj)
-    return None if ref is None else str(ref.get("uid"))
 
 
 def describe_validation_error(error: pydantic.ValidationError) -> str:
@@ -227,6 +219,7 @@ class GraphReconciler:
             observation = status.Observation(
                 generation=graph.metadata.generation, components=[], error=("NameConflict", str(conflict))
             )
+            self.queue.add_after((namespace, name), CONFLICT_RECHECK_SECONDS)
         await self._write_status(body, observation, endpoint=render.endpoint(graph))
 
     async def _converge(self, graph: api.DynamoGraph) -> status.Observation:
@@ -247,13 +240,16 @@ class GraphReconciler:
                 graph, component, components.get(contract.child_name(name, component)))
             requested[component] = int(dgcs[component]["spec"]["replicas"])
             replicas[component] = render.effective_replicas(graph, component, requested[component])
+            if replicas[component] != requested[component]:
+                dgcs[component] = await self._clamp_component(graph, component, dgcs[component], replicas[component])
+                requested[component] = int(dgcs[component]["spec"]["replicas"])
         owners = {c: render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, dgc["metadata"]["name"],
                                      dgc["metadata"]["uid"]) for c, dgc in dgcs.items()}
 
         # The workers' generations: every Deployment a worker component owns is one of them.
         workers = [c for c in wanted if c != "frontend"]
         target = render.generation_of(graph, self.settings)
-        deployments: dict[str, dict[str, Manifest]] = {c: rollout_deployments(children, owners[c].uid)
+        deployments: dict[str, dict[str, Manifest]] = {c: rollout.rollout_deployments(children, owners[c].uid)
                                                         for c in workers}
         # Multinode components: form, heal and release their groups, and count them whole (groups.py).
         group_plans: dict[str, groups.Plan] = {}  # by leader StatefulSet name
@@ -266,8 +262,8 @@ class GraphReconciler:
                     group_problems)
                 deployments[component] = {g: groups.summary(d, group_plans[d["metadata"]["name"]])
                                           for g, d in deployments[component].items()}
-        generations = rollout_generations(deployments)
-        stalled = rollout_stall(target, deployments, pods, graph.status.rollout, generations)
+        generations = rollout.rollout_generations(deployments)
+        stalled = rollout.rollout_stall(target, deployments, pods, graph.status.rollout, generations)
         plan = rollout.plan(target, {c: replicas[c] for c in workers}, generations, stalled=stalled)
 
         observed: list[status.ComponentObservation] = []
@@ -297,7 +293,7 @@ class GraphReconciler:
                     keep.update({(old["kind"], old["metadata"]["name"]),
                                  ("PodDisruptionBudget", old["metadata"]["name"])})
                     current.append(await self._scale_old(graph, old, plan.replicas[generation_name][component], pods))
-                deployment = rollout_aggregate(current, target)
+                deployment = rollout.rollout_aggregate(current, target)
             await self._write_component_status(
                 dgcs[component], deployment, selector=render.scale_selector(graph, component),
                 nodes=render.nodes_of(graph, component) if component in released else None,
@@ -314,7 +310,8 @@ class GraphReconciler:
         capacity = await self.cluster_gpus.free() if status.unschedulable(pods) else None
         return status.Observation(generation=graph.metadata.generation, components=observed, pods=pods,
                                   capacity=capacity, group_problems=group_problems,
-                                  rollout=rollout_status(target, plan, generations, workers, stalled) if workers else None)
+                                  rollout=(rollout.rollout_status(target, plan, generations, workers, stalled)
+                                           if workers else None))
 
     async def _scale_old(self, graph: api.DynamoGraph, deployment: Manifest, replicas: int,
                          pods: list[Manifest]) -> Manifest:
@@ -477,6 +474,32 @@ class GraphReconciler:
             return applied
         return existing
 
+    async def _clamp_component(self, graph: api.DynamoGraph, component: api.ComponentName, dgc: Manifest,
+                               allowed: int) -> Manifest:
+        """The graph's bounds are the source of truth: a component whose replicas lie outside them (its
+        scaling.min or max changed in git) is set to the nearest bound, with an Event, so that the graph
+        converges without a hand-run `kubectl scale`. If the write fails, the component keeps its replicas
+        and the graph's Degraded condition says ReplicasOutOfBounds."""
+        meta = dgc["metadata"]
+        asked = int(dgc["spec"]["replicas"])
+        low, high = render.scaling_bounds(graph, component)
+        try:
+            metrics.APPLIES.labels(api.COMPONENT_KIND).inc()
+            clamped = await self.kube.patch(api.COMPONENT_KIND, meta["namespace"], meta["name"],
+                                            {"spec": {"replicas": allowed}})
+        except kube_mod.ApiError as error:
+            logger.warning("could not set %s to %d replicas within its bounds: %s", meta["name"], allowed, error)
+            return dgc
+        self.cache.remember(clamped)
+        bounds = f"scaling.min {low if low is not None else 0}, scaling.max {high if high is not None else 'none'}"
+        try:
+            await self.kube.event(clamped, type_="Normal", reason="ReplicasClamped",
+                                  message=f"{component}: {asked} replicas lie outside the graph's bounds ({bounds}):"
+                                          f" set to {allowed}")
+        except kube_mod.ApiError as error:  # an event is best effort: the component's replicas say it
+            logger.warning("could not record event on %s: %s", meta["name"], error)
+        return clamped
+
     async def _apply_owned(self, manifest: Manifest, owner: render.OwnerRef, existing: Manifest | None) -> Manifest:
         """Apply a child we own, unless it is as we applied it; never adopt what somebody else made."""
         applied_digest = drift.digest(manifest)
@@ -623,89 +646,3 @@ def _utc(epoch_s: float) -> datetime.datetime:
 
 def _subset(small: Manifest, big: Manifest) -> bool:
     return all(big.get(k) == v for k, v in small.items())
-
-
-# -- generations: from the cache's Deployments and Pods to rollout.py's plain numbers and back ----------
-
-def rollout_deployments(children: dict[tuple[str, str], Manifest], owner_uid: str) -> dict[str, Manifest]:
-    """A worker component's Deployments (a multinode one's leader StatefulSets) by generation (a
-    Deployment made before generations: "")."""
-    return {d["metadata"].get("labels", {}).get(contract.LABEL_GENERATION, ""): d
-            for (kind, _), d in children.items()
-            if kind in ("Deployment", "StatefulSet") and controller_uid(d) == owner_uid}
-
-
-def rollout_generations(deployments: dict[str, dict[str, Manifest]]) -> list[rollout.Generation]:
-    names = sorted({g for by_generation in deployments.values() for g in by_generation})
-    out = []
-    for generation_name in names:
-        mine = {c: by_generation[generation_name] for c, by_generation in deployments.items()
-                if generation_name in by_generation}
-        out.append(rollout.Generation(
-            name=generation_name,
-            replicas={c: int(d.get("spec", {}).get("replicas", 0)) for c, d in mine.items()},
-            ready={c: int(d.get("status", {}).get("readyReplicas", 0)) for c, d in mine.items()},
-            existing={c: int(d.get("status", {}).get("replicas", 0)) for c, d in mine.items()},
-        ))
-    return out
-
-
-def rollout_stall(target: str, deployments: dict[str, dict[str, Manifest]], pods: list[Manifest],
-                  previous: api.RolloutStatus | None, generations: list[rollout.Generation]) -> str | None:
-    """Why the rollout to `target` has failed, or None. Only a rollout can stall (a graph's first
-    generation that does not come up is just not Ready); once stalled it stays so until the target's
-    replicas are all Ready or the spec names another generation."""
-    if not any(g.name != target for g in generations):
-        return None
-    mine = [p for p in pods if p["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target]
-    reason = rollout.failure(mine, [by_generation[target] for by_generation in deployments.values()
-                                    if target in by_generation])
-    if reason is not None:
-        return reason
-    new = next((g for g in generations if g.name == target), None)
-    if (previous is not None and previous.phase == "Stalled" and previous.target == target and new is not None
-            and any(new.ready.get(c, 0) < n for c, n in new.replicas.items())):
-        return previous.reason or "stalled before"
-    return None
-
-
-def rollout_aggregate(deployments: list[Manifest], target: str) -> Manifest | None:
-    """One component's Deployments of every generation as one Deployment-shaped summary, for status:
-    replicas and readiness summed, `updatedReplicas` those of the target generation only, so the
-    component's rollout is complete once the older generations are gone; any generation's
-    ReplicaFailure (pods it cannot create: a quota, an admission webhook) carried, for
-    `status.replica_failure`."""
-    if not deployments:
-        return None
-    total = {"replicas": 0, "readyReplicas": 0, "availableReplicas": 0}
-    observed = True
-    updated = 0
-    failures: list[Manifest] = []
-    for deployment in deployments:
-        status_ = deployment.get("status", {})
-        for key in total:
-            total[key] += int(status_.get(key, 0))
-        failures += [c for c in status_.get("conditions", [])
-                     if c.get("type") == "ReplicaFailure" and c.get("status") == "True"]
-        observed = observed and (status_.get("observedGeneration", 0)
-                                 >= deployment.get("metadata", {}).get("generation", 0))
-        if deployment["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target:
-            updated = int(status_.get("updatedReplicas", 0))
-    return {"metadata": {"name": deployments[0]["metadata"]["name"], "generation": 1},
-            "status": {**total, "updatedReplicas": updated, "observedGeneration": 1 if observed else 0,
-                       **({"conditions": failures} if failures else {})}}
-
-
-def rollout_status(target: str, plan: rollout.Plan, generations: list[rollout.Generation],
-                   workers: Sequence[str], stalled: str | None) -> api.RolloutStatus:
-    by_name = {g.name: g for g in generations}
-    shown = []
-    for generation_name in [target, *sorted(n for n in plan.replicas if n != target)]:
-        g = by_name.get(generation_name, rollout.Generation(generation_name))
-        shown.append(api.GenerationStatus(name=generation_name or "(before generations)", components={
-            c: api.ComponentStatus(desired=plan.replicas[generation_name].get(c, 0), ready=g.ready.get(c, 0),
-                                   updated=g.ready.get(c, 0),
-                                   summary=f"{g.ready.get(c, 0)}/{plan.replicas[generation_name].get(c, 0)}")
-            for c in workers}))
-    return api.RolloutStatus(target=target, phase=plan.phase, message=plan.message, generations=shown,
-                             reason=stalled if plan.phase == "Stalled" else None)

@@ -21,7 +21,11 @@ does: per generation a leader StatefulSet `<graph>-<component>-<generation>` who
 groups (`leader_statefulset`), and per leader pod a worker StatefulSet named like it and owned by it
 (`group_workers`), so a leader's workers go when it has gone, and a new leader gets new workers.
 Every pod learns its rank, the group size and the leader's DNS name through its engine's own
-multinode flags (`group_flags`).
+multinode flags.
+
+What differs between engines (their command lines and disaggregation and multinode flags, probes,
+drain hook, side channels and config files) is each engine's module (engine.py's `Engine`
+protocol; engines.py looks the graph's up by name); everything here is the same for every engine.
 """
 
 from __future__ import annotations
@@ -34,44 +38,20 @@ from typing import Any
 
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
+from fleetpilot.operator import engines
+from fleetpilot.operator.engine import Engine, Group, Worker, http_probe
 
+#: The port every pod serves HTTP on (the frontend's API, an engine's API, /health, /metrics).
 HTTP_PORT = 8000
-NIXL_SIDE_CHANNEL_PORT = 5600
-SGLANG_BOOTSTRAP_PORT = 8998
 #: Where a multinode group's ranks meet the leader: vLLM's --master-port, SGLang's --dist-init-addr
 #: port, the simulator's rendezvous.
 GROUP_PORT = 29500
 GROUP_SIZE_ENV = "FLEETPILOT_GROUP_SIZE"
 NODE_RANK_ENV = "FLEETPILOT_NODE_RANK"
 LEADER_ADDRESS_ENV = "FLEETPILOT_LEADER_ADDRESS"
-TRTLLM_CONFIG_DIR = "/etc/fleetpilot/trtllm"
 #: The kubelet's grace period is the pod's drain time plus this: the engine drains for
 #: `drainSeconds`, then has this long to exit before SIGKILL.
 EXIT_MARGIN_SECONDS = 10
-#: The Prometheus gauges of requests an engine still has (running, waiting): its preStop hook waits
-#: until they are 0 before the kubelet sends SIGTERM (the simulator drains on SIGTERM by itself).
-BUSY_GAUGES = {
-    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-}
-# Polls the engine's /metrics until the gauges above sum to 0 (or the drain time passes), then waits
-# a little longer for KV transfers to decode workers, which those gauges do not count. Python is in
-# every engine image, curl is not.
-_WAIT_IDLE = """\
-import sys, time, urllib.request
-port, limit, names = int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), sys.argv[3:]
-while time.monotonic() < limit:
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-    except OSError:
-        break
-    busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split("{")[0].split(" ")[0] in names)
-    if busy == 0:
-        time.sleep(max(0.0, min(5.0, limit - time.monotonic())))
-        break
-    time.sleep(1)
-"""
-
 Manifest = dict[str, Any]
 
 
@@ -133,14 +113,20 @@ def generation_of(graph: api.DynamoGraph, settings: RenderSettings) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:8]
 
 
+def engine_of(graph: api.DynamoGraph) -> Engine:
+    """The engine the graph's workers run (engines.py: one module per engine)."""
+    return engines.lookup(graph.spec.engine.framework)
+
+
 def component_labels(graph: api.DynamoGraph, component: str) -> dict[str, str]:
+    engine = engine_of(graph).name
     return {
-        contract.LABEL_NAME: "fleetpilot-frontend" if component == "frontend" else f"fleetpilot-{graph.spec.engine.framework}",
+        contract.LABEL_NAME: "fleetpilot-frontend" if component == "frontend" else f"fleetpilot-{engine}",
         contract.LABEL_INSTANCE: graph.metadata.name,
         contract.LABEL_APP_COMPONENT: component,
         contract.LABEL_PART_OF: contract.PART_OF,
         contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
-        contract.LABEL_FRAMEWORK: graph.spec.engine.framework,
+        contract.LABEL_FRAMEWORK: engine,
         **selector_labels(graph.metadata.name, component),
     }
 
@@ -162,12 +148,15 @@ def initial_replicas(graph: api.DynamoGraph, component: api.ComponentName) -> in
 
 # The frontend is what clients reach: a graph whose frontend is scaled to zero serves nothing while its
 # workers hold GPUs, so its DynamoGraphComponent refuses fewer than one replica (and the operator runs one).
+# Above, it refuses what the graph's frontend.replicas may not be (api.FRONTEND_MAX_REPLICAS).
 FRONTEND_MIN_REPLICAS = 1
 
 
 def scaling_bounds(graph: api.DynamoGraph, component: api.ComponentName) -> tuple[int | None, int | None]:
+    """The replicas `component`'s DynamoGraphComponent accepts: the frontend's fixed range, a worker
+    pool's scaling.min and scaling.max."""
     if component == "frontend":
-        return FRONTEND_MIN_REPLICAS, None
+        return FRONTEND_MIN_REPLICAS, api.FRONTEND_MAX_REPLICAS
     scaling = graph.spec.components.workers()[component].scaling
     return scaling.min_replicas, scaling.max_replicas
 
@@ -213,10 +202,6 @@ def served_model_name(graph: api.DynamoGraph) -> str:
     return graph.spec.model.served_name or graph.spec.model.name
 
 
-def _role(component: str) -> str:
-    return component if component in ("prefill", "decode") else "aggregated"
-
-
 def nodes_of(graph: api.DynamoGraph, component: str) -> int:
     """Pods per replica of a component: 1, or a multinode component's group size."""
     worker = graph.spec.components.workers().get(component)  # type: ignore[call-overload]
@@ -234,74 +219,29 @@ def leader_address(graph: api.DynamoGraph, component: str, leader: str) -> str:
     return f"{leader}.{contract.child_name(graph.metadata.name, component)}.{graph.metadata.namespace}.svc"
 
 
-def group_flags(framework: str, *, nodes: int, leader: bool) -> list[str]:
-    """The engine's own multinode flags: group size, this pod's rank and the leader's address, from
-    the pod's environment (`$(VAR)`, expanded by the kubelet)."""
-    rank = "0" if leader else f"$({NODE_RANK_ENV})"
-    address = f"$({LEADER_ADDRESS_ENV})"
-    if framework == "vllm":
-        # vLLM's native multi-node mode (multiprocessing executor, no Ray); ranks > 0 serve no API.
-        flags = ["--distributed-executor-backend", "mp", "--nnodes", str(nodes), "--node-rank", rank,
-                 "--master-addr", address, "--master-port", str(GROUP_PORT)]
-        return flags if leader else [*flags, "--headless"]
-    if framework == "sglang":
-        return ["--nnodes", str(nodes), "--node-rank", rank, "--dist-init-addr", f"{address}:{GROUP_PORT}"]
-    if framework != "simulator":  # refused by the API (CEL): TensorRT-LLM needs mpirun over SSH
-        raise ValueError(f"{framework} has no multinode flags here")
-    # The simulator: the leader serves once every rank has joined its TCP rendezvous.
-    return ["--nnodes", str(nodes), "--node-rank", rank, "--master-addr", address, "--master-port", str(GROUP_PORT)]
+def worker_of(graph: api.DynamoGraph, component: api.WorkerName, *, leader: bool = True) -> Worker:
+    """One of a worker component's pods as its engine sees it: the model, the parallelism, the port,
+    the drain time, and for a multinode component the group's rendezvous, rank and leader address
+    given as the `$(VAR)`s of the pod's group environment (`_group_env`), which the kubelet expands."""
+    spec = graph.spec
+    worker = spec.components.workers()[component]
+    group = None
+    if worker.nodes > 1:
+        group = Group(nodes=worker.nodes, rank="0" if leader else f"$({NODE_RANK_ENV})",
+                      leader_address=f"$({LEADER_ADDRESS_ENV})", port=GROUP_PORT)
+    return Worker(model=spec.model.name, served_name=served_model_name(graph), role=component,
+                  tensor=worker.parallelism.tensor, pipeline=worker.parallelism.pipeline, port=HTTP_PORT,
+                  drain_seconds=worker.drain_seconds, leader=leader, group=group)
 
 
 def engine_command(graph: api.DynamoGraph, component: api.WorkerName, *, leader: bool = True
                    ) -> tuple[list[str], list[str]]:
-    """(command, args) for a worker, following each engine's own CLI and disaggregation flags; for a
-    multinode component, those of the group's leader (rank 0) or of its other ranks."""
-    spec = graph.spec
-    worker = spec.components.workers()[component]
-    tp, pp = worker.parallelism.tensor, worker.parallelism.pipeline
-    model, served = spec.model.name, served_model_name(graph)
-    role = _role(component)
-    disaggregated = role != "aggregated"
-    framework = spec.engine.framework
-    extra = [*spec.engine.args, *worker.args]
-    if worker.nodes > 1:
-        extra = [*group_flags(framework, nodes=worker.nodes, leader=leader), *extra]
-
-    if framework == "vllm":
-        args = ["serve", model, "--served-model-name", served, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
-                "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
-        if disaggregated:
-            # Both sides run NIXL; the frontend's two-hop protocol decides who prefills.
-            args += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})]
-        return ["vllm"], args + extra
-    if framework == "sglang":
-        args = ["-m", "sglang.launch_server", "--model-path", model, "--served-model-name", served,
-                "--host", "0.0.0.0", "--port", str(HTTP_PORT), "--tp-size", str(tp), "--pp-size", str(pp)]
-        if disaggregated:
-            args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
-            if role == "prefill":
-                args += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
-        return ["python3"], args + extra
-    if framework == "trtllm":
-        args = [model, "--host", "0.0.0.0", "--port", str(HTTP_PORT), "--backend", "pytorch",
-                "--tp_size", str(tp), "--pp_size", str(pp)]
-        if disaggregated:
-            args += ["--extra_llm_api_options", f"{TRTLLM_CONFIG_DIR}/extra-llm-api-options.yaml"]
-        return ["trtllm-serve"], args + extra
-    # The simulator: fleetpilot's own GPU-free engine, timed by the performance model.
-    # It drains on SIGTERM by itself: in-flight streams finish and held KV is pulled, for drainSeconds.
-    args = ["sim", "worker", "--role", role, "--model", served, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
-            "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
-            "--shutdown-timeout", str(worker.drain_seconds)]
-    return ["fleetpilot"], args + extra
-
-
-def trtllm_extra_options(role: str) -> str:
-    """TensorRT-LLM's disaggregated serving needs its KV-cache transceiver switched on."""
-    lines = ["cache_transceiver_config:", "  backend: DEFAULT"]
-    if role == "prefill":
-        lines.append("disable_overlap_scheduler: true")  # context-only servers do not overlap
-    return "\n".join(lines) + "\n"
+    """(command, args) for a worker: its engine's own command line (with its disaggregation flags,
+    and for a multinode component those of the group's leader, rank 0, or of its other ranks), then
+    the user's engine-wide arguments, then the component's, so the user's flags come last."""
+    worker = graph.spec.components.workers()[component]
+    command, args = engine_of(graph).command(worker_of(graph, component, leader=leader))
+    return command, [*args, *graph.spec.engine.args, *worker.args]
 
 
 def frontend_command(graph: api.DynamoGraph) -> tuple[list[str], list[str]]:
@@ -309,22 +249,11 @@ def frontend_command(graph: api.DynamoGraph) -> tuple[list[str], list[str]]:
     mode = "aggregated" if components.aggregated is not None else "disaggregated"
     return ["fleetpilot"], [
         "frontend", "--model", served_model_name(graph), "--graph", graph.metadata.name,
-        "--namespace", "$(POD_NAMESPACE)", "--mode", mode, "--engine", graph.spec.engine.framework,
+        "--namespace", "$(POD_NAMESPACE)", "--mode", mode, "--engine", engine_of(graph).name,
         "--router", components.frontend.router.policy, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
         "--drain-seconds", str(components.frontend.drain_seconds),
         "--hold-seconds", str(components.hold_seconds()), "--hold-queue", str(components.frontend.hold_queue),
     ]
-
-
-def drain_hook(framework: str, drain_seconds: int) -> Manifest | None:
-    """A worker's preStop hook: wait until the engine has no request left (or the drain time is up)
-    before the kubelet sends SIGTERM, for engines that stop at once on SIGTERM. The frontend has
-    stopped sending it requests the moment the pod began terminating. None for the simulator, which
-    drains on SIGTERM, and for engines whose gauges we do not know."""
-    gauges = BUSY_GAUGES.get(framework)
-    if gauges is None or drain_seconds == 0:
-        return None
-    return {"exec": {"command": ["python3", "-c", _WAIT_IDLE, str(HTTP_PORT), str(drain_seconds), *gauges]}}
 
 
 # -- workload ----------------------------------------------------------------------------------------
@@ -353,11 +282,6 @@ def _resources(gpus: int, user: api.ResourceRequirements | None, defaults: dict[
     if limits:
         out["limits"] = limits
     return out
-
-
-def _probe(path: str, *, period: int, failures: int) -> Manifest:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures,
-            "timeoutSeconds": 3}
 
 
 @dataclass(frozen=True)
@@ -409,7 +333,8 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
     overrides = spec.pod_template
     name = contract.child_name(graph.metadata.name, component)
     env = _downward_env()
-    serving = member is None or member.is_leader  # a pod that serves HTTP (a group's workers do not)
+    # The pod that serves the API and drains: a single-node replica's, or a group's rank 0.
+    serving = member is None or member.is_leader
     volumes: list[Manifest] = []
     mounts: list[Manifest] = []
     ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
@@ -422,10 +347,12 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         lifecycle = None
         # Ready only while a request has somewhere to go (/ready: a prefill and a decode worker, or an
         # aggregated one); alive while it serves HTTP at all (/health).
-        probes = {"readinessProbe": _probe("/ready", period=5, failures=3),
-                  "livenessProbe": _probe("/health", period=10, failures=6)}
+        probes = {"readinessProbe": http_probe("/ready", period=5, failures=3),
+                  "livenessProbe": http_probe("/health", period=10, failures=6)}
     else:
         worker = spec.components.workers()[component]
+        engine = engine_of(graph)
+        run = worker_of(graph, component, leader=serving)
         command, args = engine_command(graph, component, leader=serving)
         image = spec.engine.image or settings.fleetpilot_image
         resources = _resources(worker.gpus, worker.resources, {})
@@ -435,29 +362,26 @@ def pod_template(graph: api.DynamoGraph, component: api.ComponentName, settings:
         # In-flight prefills, KV transfers and streams finish before the engine exits. A group's
         # workers stay until their leader has gone (they are its dependents), then only exit.
         grace = (worker.drain_seconds if serving else 0) + EXIT_MARGIN_SECONDS
-        hook = drain_hook(spec.engine.framework, worker.drain_seconds) if serving else None
+        hook = engine.drain_hook(run) if serving else None
         lifecycle = None if hook is None else {"preStop": hook}
-        # Loading weights takes minutes; the startup probe holds liveness off until /health answers.
-        probes = {"startupProbe": _probe("/health", period=5, failures=720),
-                  "readinessProbe": _probe("/health", period=5, failures=3),
-                  "livenessProbe": _probe("/health", period=10, failures=6)}
-        if not serving and spec.engine.framework != "simulator":
-            probes = {}  # vLLM's and SGLang's ranks > 0 serve no HTTP; the leader's health covers the group
-            ports = []
-        if spec.engine.framework != "simulator":
+        engine_probes = engine.probes(run)
+        if engine_probes is None:
+            # A pod that answers no HTTP (a group's rank > 0 of most engines): the leader's health
+            # covers the group.
+            probes, ports = {}, []
+        else:
+            probes = engine_probes
+        if engine.shared_memory:
             volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})  # NCCL needs shared memory
             mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-        if spec.engine.framework == "vllm" and component != "aggregated":
-            env += [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"},
-                    {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)}]
-            ports.append({"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"})
-        if spec.engine.framework == "sglang" and component == "prefill" and serving:
-            ports.append({"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"})
+        env += engine.env(run)
+        ports += engine.ports(run)
         if member is not None and member.is_leader:
             ports.append({"name": "group", "containerPort": GROUP_PORT, "protocol": "TCP"})
-        if spec.engine.framework == "trtllm" and component != "aggregated":
-            volumes.append({"name": "trtllm-config", "configMap": {"name": f"{name}-trtllm"}})
-            mounts.append({"name": "trtllm-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
+        config = engine.config(component)
+        if config is not None:
+            volumes.append({"name": f"{config.name}-config", "configMap": {"name": f"{name}-{config.name}"}})
+            mounts.append({"name": f"{config.name}-config", "mountPath": config.mount_path, "readOnly": True})
 
     if component != "frontend":
         mounts += overrides.volume_mounts or []  # model caches and the like are the engine's
@@ -536,10 +460,10 @@ def workload(
     settings: RenderSettings,
     generation: str | None = None,
 ) -> list[Manifest]:
-    """Everything one component runs on, in dependency order: per-engine helpers (the frontend's
-    ServiceAccount and RBAC, TensorRT-LLM's ConfigMap), Service, PDB, then the Deployment. A worker
-    component's Deployment and PDB are those of one generation (the graph's current one unless
-    `generation` says otherwise); the frontend's are the component's own."""
+    """Everything one component runs on, in dependency order: helpers (the frontend's ServiceAccount
+    and RBAC, the ConfigMap of files an engine reads, such as TensorRT-LLM's), Service, PDB, then the
+    Deployment. A worker component's Deployment and PDB are those of one generation (the graph's
+    current one unless `generation` says otherwise); the frontend's are the component's own."""
     name = contract.child_name(graph.metadata.name, component)
     selector = selector_labels(graph.metadata.name, component)
     deployment_meta = _meta(graph, component, owner)
@@ -601,13 +525,13 @@ def workload(
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": workload_selector}},
         },
     ]
-    framework = graph.spec.engine.framework
-    if framework == "trtllm" and component in ("prefill", "decode"):
+    config = None if component == "frontend" else engine_of(graph).config(component)
+    if config is not None:
         objects.insert(0, {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": _meta(graph, component, owner, name=f"{name}-trtllm"),
-            "data": {"extra-llm-api-options.yaml": trtllm_extra_options(component)},
+            "metadata": _meta(graph, component, owner, name=f"{name}-{config.name}"),
+            "data": dict(config.files),
         })
     if component == "frontend" and not graph.spec.pod_template.service_account_name:
         objects[:0] = frontend_rbac(graph, owner)

@@ -2,7 +2,9 @@
 
 Where it sits: between render.py (which names a graph's *generation*, the hash of what makes one
 worker's KV cache usable by another: engine, image, model, arguments) and the reconciler, which
-applies what this module decides. Pure: plain numbers in, plain numbers out.
+applies what this module decides. Pure: plain numbers in, plain numbers out; the `rollout_*`
+helpers at the end translate the reconciler's cached Deployments and Pods into those numbers and
+the plan back into the graph's `status.rollout`, without I/O either.
 
 Why generations: in a disaggregated graph a prefill worker hands its KV cache to a decode worker. A
 rolling update of each Deployment on its own would let new prefill workers hand caches to old
@@ -26,9 +28,13 @@ only, and this module moves capacity from the old generation to the new one:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from fleetpilot.api import contract
+from fleetpilot.api import v1alpha1 as api
+from fleetpilot.operator import owners
 
 Manifest = dict[str, Any]
 Phase = Literal["Complete", "Progressing", "Stalled"]
@@ -159,3 +165,97 @@ def failure(pods: Iterable[Manifest], deployments: Iterable[Manifest]) -> str | 
             if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
                 return f"Deployment {deployment['metadata']['name']}: {condition.get('message', 'no progress')}"
     return None
+
+
+# -- from the cache's Deployments and Pods to the plain numbers above, and back to status -------------
+# The reconciler reads a graph's workloads from its cache, turns them into `Generation`s with these,
+# asks `plan` what each should run, and reports the outcome with `rollout_status`.
+
+def rollout_deployments(children: dict[tuple[str, str], Manifest], owner_uid: str) -> dict[str, Manifest]:
+    """A worker component's Deployments (a multinode one's leader StatefulSets) by generation (a
+    Deployment made before generations: "")."""
+    return {d["metadata"].get("labels", {}).get(contract.LABEL_GENERATION, ""): d
+            for (kind, _), d in children.items()
+            if kind in ("Deployment", "StatefulSet") and owners.controller_uid(d) == owner_uid}
+
+
+def rollout_generations(deployments: dict[str, dict[str, Manifest]]) -> list[Generation]:
+    """Every generation found in the worker components' workloads (`deployments`: per component, by
+    generation, as `rollout_deployments` gives them), in name order, with each component's
+    replicas asked for, Ready and still existing."""
+    names = sorted({g for by_generation in deployments.values() for g in by_generation})
+    out = []
+    for generation_name in names:
+        mine = {c: by_generation[generation_name] for c, by_generation in deployments.items()
+                if generation_name in by_generation}
+        out.append(Generation(
+            name=generation_name,
+            replicas={c: int(d.get("spec", {}).get("replicas", 0)) for c, d in mine.items()},
+            ready={c: int(d.get("status", {}).get("readyReplicas", 0)) for c, d in mine.items()},
+            existing={c: int(d.get("status", {}).get("replicas", 0)) for c, d in mine.items()},
+        ))
+    return out
+
+
+def rollout_stall(target: str, deployments: dict[str, dict[str, Manifest]], pods: list[Manifest],
+                  previous: api.RolloutStatus | None, generations: list[Generation]) -> str | None:
+    """Why the rollout to `target` has failed, or None. Only a rollout can stall (a graph's first
+    generation that does not come up is just not Ready); once stalled it stays so until the target's
+    replicas are all Ready or the spec names another generation."""
+    if not any(g.name != target for g in generations):
+        return None
+    mine = [p for p in pods if p["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target]
+    reason = failure(mine, [by_generation[target] for by_generation in deployments.values()
+                            if target in by_generation])
+    if reason is not None:
+        return reason
+    new = next((g for g in generations if g.name == target), None)
+    if (previous is not None and previous.phase == "Stalled" and previous.target == target and new is not None
+            and any(new.ready.get(c, 0) < n for c, n in new.replicas.items())):
+        return previous.reason or "stalled before"
+    return None
+
+
+def rollout_aggregate(deployments: list[Manifest], target: str) -> Manifest | None:
+    """One component's Deployments of every generation as one Deployment-shaped summary, for status:
+    replicas and readiness summed, `updatedReplicas` those of the target generation only, so the
+    component's rollout is complete once the older generations are gone; any generation's
+    ReplicaFailure (pods it cannot create: a quota, an admission webhook) carried, for
+    `status.replica_failure`."""
+    if not deployments:
+        return None
+    total = {"replicas": 0, "readyReplicas": 0, "availableReplicas": 0}
+    observed = True
+    updated = 0
+    failures: list[Manifest] = []
+    for deployment in deployments:
+        status_ = deployment.get("status", {})
+        for key in total:
+            total[key] += int(status_.get(key, 0))
+        failures += [c for c in status_.get("conditions", [])
+                     if c.get("type") == "ReplicaFailure" and c.get("status") == "True"]
+        observed = observed and (status_.get("observedGeneration", 0)
+                                 >= deployment.get("metadata", {}).get("generation", 0))
+        if deployment["metadata"].get("labels", {}).get(contract.LABEL_GENERATION) == target:
+            updated = int(status_.get("updatedReplicas", 0))
+    return {"metadata": {"name": deployments[0]["metadata"]["name"], "generation": 1},
+            "status": {**total, "updatedReplicas": updated, "observedGeneration": 1 if observed else 0,
+                       **({"conditions": failures} if failures else {})}}
+
+
+def rollout_status(target: str, plan: Plan, generations: list[Generation],
+                   workers: Sequence[str], stalled: str | None) -> api.RolloutStatus:
+    """The graph's `status.rollout`: the target generation first, then the others the plan keeps,
+    each with its replicas per worker component (desired by the plan, Ready now); the stall's
+    reason while the rollout is Stalled."""
+    by_name = {g.name: g for g in generations}
+    shown = []
+    for generation_name in [target, *sorted(n for n in plan.replicas if n != target)]:
+        g = by_name.get(generation_name, Generation(generation_name))
+        shown.append(api.GenerationStatus(name=generation_name or "(before generations)", components={
+            c: api.ComponentStatus(desired=plan.replicas[generation_name].get(c, 0), ready=g.ready.get(c, 0),
+                                   updated=g.ready.get(c, 0),
+                                   summary=f"{g.ready.get(c, 0)}/{plan.replicas[generation_name].get(c, 0)}")
+            for c in workers}))
+    return api.RolloutStatus(target=target, phase=plan.phase, message=plan.message, generations=shown,
+                             reason=stalled if plan.phase == "Stalled" else None)

@@ -147,10 +147,15 @@ def _drain_seconds() -> Any:
     )
 
 
+#: The most frontend replicas a graph runs: its `replicas` field's limit, and the bound its
+#: DynamoGraphComponent enforces on `kubectl scale` and on an HPA.
+FRONTEND_MAX_REPLICAS = 100
+
+
 class FrontendSpec(ApiModel):
     """The OpenAI-compatible router in front of the workers."""
 
-    replicas: int = Field(default=1, ge=1, le=100, description="Initial frontend replicas.")
+    replicas: int = Field(default=1, ge=1, le=FRONTEND_MAX_REPLICAS, description="Initial frontend replicas.")
     router: RouterSpec = _defaulted(RouterSpec)
     resources: ResourceRequirements | None = None
     drain_seconds: int = _drain_seconds()

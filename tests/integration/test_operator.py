@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetpilot.api import v1alpha1 as api
+
 from .conftest import Kubectl, OperatorProcess, condition, load_sample, wait_for
 
 pytestmark = pytest.mark.integration
@@ -142,6 +144,11 @@ def test_kubectl_scale_dgc_changes_pods_and_respects_bounds(
     refused = kubectl.run("scale", "dgc/scaled-decode", "--replicas=9", "-n", namespace, check=False)
     assert refused.returncode != 0
     assert "replicas must lie within minReplicas and maxReplicas" in refused.stderr
+    # The frontend's component is bounded too: by the most replicas a graph's frontend may have.
+    too_many = kubectl.run("scale", "dgc/scaled-frontend", f"--replicas={api.FRONTEND_MAX_REPLICAS + 1}",
+                           "-n", namespace, check=False)
+    assert too_many.returncode != 0 and "replicas must lie within" in too_many.stderr, too_many.stderr
+    assert len(kubectl.items("pods", namespace, "fleetpilot.dev/component=frontend")) == 1
 
 
 def test_scale_subresource_reports_selector_and_replicas(
@@ -247,7 +254,11 @@ def test_name_conflict_with_a_foreign_object_is_reported_not_taken_over(
     wait_for(lambda: ready(kubectl, namespace, "clash"), what="Ready once the name is free")
 
 
-def test_tightened_bounds_clamp_what_runs(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+def test_tightened_bounds_resize_the_component_and_the_graph_converges(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    """Bounds are the graph's: a scaling.max tightened in git below what the component runs resizes the
+    component (an Event says so) and the graph comes back Ready and not Degraded with no hand step."""
     manifest = simulator_graph("bounded", prefill={"replicas": 1}, decode={"replicas": 3})
     kubectl.apply(manifest, namespace)
     wait_for(lambda: ready(kubectl, namespace, "bounded"), what="Ready")
@@ -255,17 +266,20 @@ def test_tightened_bounds_clamp_what_runs(kubectl: Kubectl, operator: OperatorPr
     manifest["spec"]["components"]["decode"] = {"replicas": 2, "scaling": {"min": 1, "max": 2}}
     kubectl.apply(manifest, namespace)
     decode = workload_name(kubectl, namespace, "deployment", "bounded", "decode")
+    wait_for(lambda: kubectl.json("get", "dgc", "bounded-decode", "-n", namespace)["spec"]["replicas"] == 2,
+             what="the decode component set to its new max")
     wait_for(lambda: kubectl.json("get", "deployment", decode, "-n", namespace)["spec"]["replicas"] == 2,
-             what="decode clamped to 2")
-    degraded = wait_for(lambda: condition(graph(kubectl, namespace, "bounded"), "Degraded").get("reason")
-                        == "ReplicasOutOfBounds" and condition(graph(kubectl, namespace, "bounded"), "Degraded"),
-                        what="ReplicasOutOfBounds")
-    assert "asks for 3 replicas" in degraded["message"]
-    # The DynamoGraphComponent keeps what its writer chose; it stays writable.
-    assert kubectl.json("get", "dgc", "bounded-decode", "-n", namespace)["spec"]["replicas"] == 3
-    kubectl.run("scale", "dgc/bounded-decode", "--replicas=2", "-n", namespace)
-    wait_for(lambda: condition(graph(kubectl, namespace, "bounded"), "Degraded").get("status") == "False",
-             what="Degraded cleared")
+             what="decode running 2")
+
+    def converged() -> bool:
+        g = graph(kubectl, namespace, "bounded")
+        return condition(g, "Degraded").get("status") == "False" and condition(g, "Ready").get("status") == "True"
+
+    wait_for(converged, what=lambda: f"Ready and not Degraded: {graph(kubectl, namespace, 'bounded')['status']}")
+    events = kubectl.json("get", "events", "-n", namespace, "--field-selector", "reason=ReplicasClamped")["items"]
+    assert [e["involvedObject"]["name"] for e in events] == ["bounded-decode"], events
+    assert "decode: 3 replicas lie outside the graph's bounds (scaling.min 1, scaling.max 2): set to 2" in \
+        events[0]["message"]
 
 
 def test_restarting_the_operator_midway_leaves_exactly_one_of_each_child(

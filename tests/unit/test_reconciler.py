@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -191,6 +192,32 @@ def test_a_child_deleted_by_hand_is_created_again() -> None:
     assert fake.writes() == [("create", "PodDisruptionBudget", deployment("prefill"))]
 
 
+def test_bounds_tightened_in_the_graph_resize_the_component_once_and_leave_it_healthy() -> None:
+    fake, graphs = setup()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    watch_delivers(graphs, fake)
+    fake.objects[(api.COMPONENT_KIND, "ns", "g-decode")]["spec"]["replicas"] = 5  # the planner, say
+    watch_delivers(graphs, fake)
+    asyncio.run(graphs.reconcile("ns", "g"))
+    # git tightens decode's bounds below what its component asks for.
+    fake.objects[(api.GRAPH_KIND, "ns", "g")]["spec"]["components"]["decode"]["scaling"] = {"min": 1, "max": 3}
+    watch_delivers(graphs, fake)
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    assert ("patch", api.COMPONENT_KIND, "g-decode") in fake.calls
+    assert ("event", api.COMPONENT_KIND, "g-decode") in fake.calls
+    assert fake.objects[(api.COMPONENT_KIND, "ns", "g-decode")]["spec"]["replicas"] == 3
+    assert fake.objects[("Deployment", "ns", deployment("decode"))]["spec"]["replicas"] == 3
+    degraded = next(c for c in fake.objects[(api.GRAPH_KIND, "ns", "g")]["status"]["conditions"]
+                    if c["type"] == "Degraded")
+    assert degraded["status"] == "False", degraded
+    # Once within its bounds, the next pass leaves the component alone.
+    watch_delivers(graphs, fake)
+    fake.calls.clear()
+    asyncio.run(graphs.reconcile("ns", "g"))
+    assert not [c for c in fake.calls if c[1] == api.COMPONENT_KIND]
+
+
 def test_a_spec_change_applies_only_what_it_changes() -> None:
     fake, graphs = setup()
     asyncio.run(graphs.reconcile("ns", "g"))
@@ -368,6 +395,37 @@ def test_a_foreign_object_is_a_name_conflict_and_is_left_alone() -> None:
     degraded = contract.find_condition(status["conditions"], "Degraded")
     assert degraded is not None and degraded["reason"] == "NameConflict"
     assert "components" not in status  # never an empty map: the API would store it as null and refuse it
+
+
+def test_a_name_conflict_clears_by_itself_once_the_foreign_object_goes() -> None:
+    """The foreign object carries none of our labels, so no watch event says it went: the graph in
+    NameConflict looks again by itself, and takes the name within seconds."""
+    fake, graphs = setup()
+    foreign = ("Service", "ns", "g-frontend")
+    fake.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "g-frontend", "namespace": "ns"}})
+
+    def degraded_reason() -> str | None:
+        found = contract.find_condition(fake.objects[(api.GRAPH_KIND, "ns", "g")].get("status", {}).get(
+            "conditions", []), "Degraded")
+        return None if found is None else str(found["reason"])
+
+    async def scenario() -> float:
+        await graphs.start()
+        try:
+            graphs.enqueue("ns", "g")
+            while degraded_reason() != "NameConflict":
+                await asyncio.sleep(0.05)
+            del fake.objects[foreign]
+            gone = time.monotonic()
+            while ("create", "Service", "g-frontend") not in fake.calls or degraded_reason() == "NameConflict":
+                assert time.monotonic() - gone < 10, fake.calls[-5:]
+                await asyncio.sleep(0.05)
+            return time.monotonic() - gone
+        finally:
+            await graphs.stop()
+
+    asyncio.run(scenario())
+    assert fake.objects[foreign]["metadata"]["labels"][contract.LABEL_GRAPH] == "g"
 
 
 def test_what_a_user_asked_for_goes_ahead_of_what_only_reports() -> None:

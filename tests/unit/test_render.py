@@ -1,7 +1,8 @@
 """Rendering a DynamoGraph into Kubernetes manifests.
 
-Golden files pin the complete output for three representative graphs; the behaviour tests below
-pin the properties that must hold for any graph (selectors, GPUs, ownership, engine flags, RBAC).
+Golden files pin the complete output for one representative graph per engine (and a multinode
+one); the behaviour tests below pin the properties that must hold for any graph (selectors, GPUs,
+ownership, engine flags, RBAC). test_render_engines.py tests each engine module on its own.
 
 To regenerate the golden files after an intended change::
 
@@ -23,7 +24,8 @@ import yaml
 from fleetpilot import yamlio
 from fleetpilot.api import contract
 from fleetpilot.api import v1alpha1 as api
-from fleetpilot.operator import render
+from fleetpilot.operator import engine_sglang, engine_vllm, render
+from fleetpilot.operator.engine import Worker
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 UPDATE_GOLDEN = os.environ.get("FLEETPILOT_UPDATE_GOLDEN") == "1"
@@ -124,7 +126,27 @@ SIM_DISAGG = graph_dict(
     },
 )
 
-SAMPLES = {"vllm-disagg": VLLM_DISAGG, "sglang-agg": SGLANG_AGG, "sim-disagg": SIM_DISAGG}
+TRTLLM_DISAGG = graph_dict(
+    "llama-trtllm",
+    "inference",
+    "uid-graph-llama-trtllm",
+    4,
+    {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": "llama-8b"},
+        "engine": {
+            "framework": "trtllm",
+            "image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+            "args": ["--max_batch_size", "64"],
+        },
+        "components": {
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 2, "gpus": 2, "parallelism": {"tensor": 2}, "drainSeconds": 60},
+        },
+    },
+)
+
+SAMPLES = {"vllm-disagg": VLLM_DISAGG, "sglang-agg": SGLANG_AGG, "sim-disagg": SIM_DISAGG,
+           "trtllm-disagg": TRTLLM_DISAGG}
 
 
 def parse(body: dict[str, Any]) -> api.DynamoGraph:
@@ -396,7 +418,7 @@ def test_vllm_disaggregated_workers_use_nixl_connector() -> None:
         config = json.loads(flag_value(container["args"], "--kv-transfer-config"))
         assert config["kv_connector"] == "NixlConnector"
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(render.NIXL_SIDE_CHANNEL_PORT)
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(engine_vllm.NIXL_SIDE_CHANNEL_PORT)
         assert "nixl" in [p["name"] for p in container["ports"]]
 
 
@@ -428,11 +450,11 @@ def test_sglang_prefill_is_in_prefill_mode_with_bootstrap_port() -> None:
     container = engine_container(one(render_workload(sglang_disaggregated(), "prefill"), "Deployment"))
     assert flag_value(container["args"], "--disaggregation-mode") == "prefill"
     assert flag_value(container["args"], "--disaggregation-bootstrap-port") == str(
-        render.SGLANG_BOOTSTRAP_PORT
+        engine_sglang.BOOTSTRAP_PORT
     )
     assert {
         "name": "bootstrap",
-        "containerPort": render.SGLANG_BOOTSTRAP_PORT,
+        "containerPort": engine_sglang.BOOTSTRAP_PORT,
         "protocol": "TCP",
     } in container["ports"]
 
@@ -586,6 +608,7 @@ def test_component_object_with_replicas_carries_initial_replicas_and_bounds() ->
         "component": "frontend",
         "replicas": 1,
         "minReplicas": 1,
+        "maxReplicas": api.FRONTEND_MAX_REPLICAS,
     }
 
 
@@ -765,7 +788,9 @@ def test_the_drain_hook_waits_until_the_engine_has_nothing_left() -> None:
     server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        hook = render.drain_hook("vllm", 1)
+        worker = Worker(model="m", served_name="m", role="decode", tensor=1, pipeline=1, port=render.HTTP_PORT,
+                        drain_seconds=1)
+        hook = engine_vllm.ENGINE.drain_hook(worker)
         assert hook is not None
         command = hook["exec"]["command"]
         # The port is the pod's; here the test server's. 60 s to drain: it stops polling once idle, then

@@ -3,15 +3,19 @@
 The properties the issue asks for, checked over whole simulated rollouts: Ready capacity never falls
 below what the planner sized while the old generation is healthy, each generation's prefill and decode
 counts stay within one replica of a common share of the planner's sizes (bounded P:D skew), a failed
-new generation gets no more replicas while the old one keeps serving, and a revert rolls back.
+new generation gets no more replicas while the old one keeps serving, and a revert rolls back. The last
+tests pin the `rollout_*` helpers that turn the reconciler's cached workloads into generations and a
+plan into `status.rollout`.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
+from fleetpilot.api import contract
 from fleetpilot.operator import rollout
 
 TOTALS = {"prefill": 3, "decode": 2}
@@ -151,3 +155,59 @@ def test_failure_names_the_pod_and_the_reason() -> None:
     late = {"metadata": {"name": "dep"}, "status": {"conditions": [
         {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "too slow"}]}}
     assert rollout.failure([], [late]) == "Deployment dep: too slow"
+
+
+# -- from the cache's workloads to generations and back to status (the reconciler's side) --------------
+
+
+def workload(kind: str, generation: str | None, owner: str, *, replicas: int, ready: int, existing: int,
+             updated: int = 0) -> dict[str, Any]:
+    labels = {} if generation is None else {contract.LABEL_GENERATION: generation}
+    return {"kind": kind,
+            "metadata": {"name": f"d-{generation}", "generation": 2, "labels": labels,
+                         "ownerReferences": [{"uid": "other"}, {"uid": owner, "controller": True}]},
+            "spec": {"replicas": replicas},
+            "status": {"replicas": existing, "readyReplicas": ready, "availableReplicas": ready,
+                       "updatedReplicas": updated, "observedGeneration": 2}}
+
+
+def test_a_components_workloads_by_generation_are_those_it_controls() -> None:
+    """Deployments and leader StatefulSets the component controls, keyed by generation ("" for one made
+    before generations); a workload some other owner controls, or another kind, is not one."""
+    old = workload("Deployment", None, "uid-decode", replicas=1, ready=1, existing=1)
+    new = workload("StatefulSet", "abc", "uid-decode", replicas=2, ready=0, existing=2)
+    foreign = workload("Deployment", "zzz", "uid-prefill", replicas=1, ready=1, existing=1)
+    service = workload("Service", "svc", "uid-decode", replicas=0, ready=0, existing=0)
+    children = {("Deployment", "d-old"): old, ("StatefulSet", "d-new"): new, ("Deployment", "d-f"): foreign,
+                ("Service", "s"): service}
+    assert rollout.rollout_deployments(children, "uid-decode") == {"": old, "abc": new}
+
+
+def test_generations_are_read_per_component_and_summed_for_status() -> None:
+    a_decode = workload("Deployment", "a", "o", replicas=2, ready=2, existing=2, updated=2)
+    b_decode = workload("Deployment", "b", "o", replicas=1, ready=0, existing=1, updated=1)
+    a_prefill = workload("Deployment", "a", "o", replicas=3, ready=3, existing=3)
+    by_component = {"decode": {"a": a_decode, "b": b_decode}, "prefill": {"a": a_prefill}}
+    generations = rollout.rollout_generations(by_component)
+    assert generations == [
+        rollout.Generation("a", replicas={"decode": 2, "prefill": 3}, ready={"decode": 2, "prefill": 3},
+                           existing={"decode": 2, "prefill": 3}),
+        rollout.Generation("b", replicas={"decode": 1}, ready={"decode": 0}, existing={"decode": 1}),
+    ]
+    summary = rollout.rollout_aggregate([a_decode, b_decode], "b")
+    assert summary is not None
+    # Summed over generations; updated only the target's, so the rollout is done once "a" has gone.
+    assert summary["status"] == {"replicas": 3, "readyReplicas": 2, "availableReplicas": 2,
+                                 "updatedReplicas": 1, "observedGeneration": 1}
+    assert rollout.rollout_aggregate([], "b") is None
+
+
+def test_rollout_status_lists_the_target_first_and_carries_a_stalls_reason() -> None:
+    old = rollout.Generation("old", replicas=TOTALS, ready=TOTALS, existing=TOTALS)
+    new = rollout.Generation("new", replicas={"prefill": 1, "decode": 1}, ready={}, existing={"prefill": 1})
+    plan = rollout.plan("new", TOTALS, [old, new], stalled="CrashLoopBackOff on pod p")
+    shown = rollout.rollout_status("new", plan, [old, new], ["prefill", "decode"],
+                                   "CrashLoopBackOff on pod p")
+    assert [g.name for g in shown.generations] == ["new", "old"]
+    assert shown.phase == "Stalled" and shown.reason == "CrashLoopBackOff on pod p"
+    assert shown.generations[1].components["prefill"].summary == "3/3"

@@ -1,0 +1,53 @@
+"""The simulator (`fleetpilot sim worker`): fleetpilot's own GPU-free engine, timed by the
+performance model, which speaks vLLM's API and metrics (fleetpilot/sim).
+
+Disaggregation: `--role prefill|decode|aggregated`; KV transfers are simulated, so no side channel.
+
+Multinode: every rank runs `fleetpilot sim worker` with the group's size, its rank and the
+leader's address; the leader serves once every rank has joined its TCP rendezvous. Every rank
+answers /health, so the group's other ranks are probed too.
+
+Drain: the simulator drains on SIGTERM by itself (in-flight streams finish and held KV is pulled,
+for `--shutdown-timeout`, the worker's drain time), so it needs no preStop hook. It needs no
+shared memory either.
+"""
+
+from __future__ import annotations
+
+from fleetpilot.operator.engine import ConfigFiles, Manifest, Role, Worker, health_probes
+
+
+class Simulator:
+    """The `Engine` for `framework: simulator`."""
+
+    name = "simulator"
+    shared_memory = False
+
+    def command(self, worker: Worker) -> tuple[list[str], list[str]]:
+        args = ["sim", "worker", "--role", worker.role, "--model", worker.served_name, "--host", "0.0.0.0",
+                "--port", str(worker.port), "--tensor-parallel-size", str(worker.tensor),
+                "--pipeline-parallel-size", str(worker.pipeline),
+                "--shutdown-timeout", str(worker.drain_seconds)]
+        group = worker.group
+        if group is not None:
+            args += ["--nnodes", str(group.nodes), "--node-rank", group.rank,
+                     "--master-addr", group.leader_address, "--master-port", str(group.port)]
+        return ["fleetpilot"], args
+
+    def probes(self, worker: Worker) -> Manifest | None:
+        return health_probes()
+
+    def drain_hook(self, worker: Worker) -> Manifest | None:
+        return None
+
+    def env(self, worker: Worker) -> list[Manifest]:
+        return []
+
+    def ports(self, worker: Worker) -> list[Manifest]:
+        return []
+
+    def config(self, role: Role) -> ConfigFiles | None:
+        return None
+
+
+ENGINE = Simulator()
