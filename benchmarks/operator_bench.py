@@ -227,7 +227,7 @@ def main() -> int:
     # 40 nodes x 8 GPUs: room for 100 graphs x 3 GPU pods, so "Ready" is reachable for all.
     config = devcluster.ClusterConfig(name="bench", port_base=28400, nodes=40)
     cluster = devcluster.Cluster(config)
-    cluster.up(reuse=False)
+    cluster.up(fresh=True)
     log_dir = config.folder / "logs"
     kubectl = devcluster.k8s_bin("kubectl")
     env = {**os.environ, "KUBECONFIG": str(config.kubeconfig)}

@@ -632,7 +632,7 @@ def main() -> int:
     config = devcluster.ClusterConfig(name="scale", port_base=port_base, nodes=nodes, audit_log=True,
                                       node_monitor_grace_s=600, controller_qps=args.controller_qps)
     cluster = devcluster.Cluster(config)
-    cluster.up(reuse=False)
+    cluster.up(fresh=True)
     client = Api(cluster)
     rows = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as scratch:

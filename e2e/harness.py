@@ -178,7 +178,7 @@ class Harness:
         shutil.rmtree(self.state, ignore_errors=True)
         for sub in ("logs", "pids", "prometheus", "credentials"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
-        step("cluster", lambda: self.cluster.up(reuse=False, log=lambda _: None))
+        step("cluster", lambda: self.cluster.up(fresh=True, log=lambda _: None))
         step("crds and rbac", self._install)
         step("pod runner", self._start_podrunner)
         step("prometheus", self.start_prometheus)

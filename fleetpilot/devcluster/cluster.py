@@ -133,18 +133,28 @@ class Cluster:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def up(self, *, reuse: bool = True, log: Any = print) -> float:
-        """Start everything and wait until nodes are Ready; returns the seconds it took."""
+    def up(self, *, fresh: bool = False, log: Any = print) -> float:
+        """Start what is not running and wait until nodes are Ready; returns the seconds it took.
+
+        The cluster's data (etcd's folder) is kept: a process that died is started again on it, so CRDs,
+        graphs and everything else survive (`fresh` stops everything and wipes the data first). A cluster
+        that is running and healthy is left alone.
+        """
         started = time.monotonic()
-        if reuse and self.running() and self._healthy():
+        dead = [name for name in self.PROCESSES if self._pid(name) is None]
+        if not fresh and not dead and self._healthy():
             log(f"cluster {self.config.name}: already running at {self.config.server}")
             return 0.0
-        self.down(quiet=True)
+        if fresh or not dead:  # fresh, or every process runs but the apiserver does not answer: start over
+            self.down(quiet=True)
+            dead = list(self.PROCESSES)
+        if fresh:
+            shutil.rmtree(self.folder / "etcd", ignore_errors=True)
+        kept = (self.folder / "etcd").exists()
         self._check_binaries()
-        self._check_ports()
+        self._check_ports(only=dead)
         for sub in (self.pids, self.logs):
             sub.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self.folder / "etcd", ignore_errors=True)
         pki = pki_mod.ensure(self.folder / "pki", service_ip=SERVICE_IP)
         kubeconfigs = {
             stem: pki_mod.write_kubeconfig(
@@ -153,22 +163,32 @@ class Cluster:
             )
             for stem in pki_mod.CLIENTS
         }
+        starts: dict[str, Callable[[], None]] = {
+            "etcd": self._start_etcd,
+            "kube-apiserver": lambda: self._start_apiserver(pki),
+            "kube-controller-manager": lambda: self._start_controller_manager(pki, kubeconfigs["controller-manager"]),
+            "kube-scheduler": lambda: self._start_scheduler(kubeconfigs["scheduler"]),
+            "kwok": lambda: self._start_kwok(kubeconfigs["kwok"]),
+        }
+        restarting = len(dead) < len(self.PROCESSES)
         try:
-            self._start_etcd()
-            self._start_apiserver(pki)
-            self._start_controller_manager(pki, kubeconfigs["controller-manager"])
-            self._start_scheduler(kubeconfigs["scheduler"])
-            self._start_kwok(kubeconfigs["kwok"])
+            for name in dead:  # in PROCESSES' order: each needs the ones before it
+                starts[name]()
+            if "kube-apiserver" not in dead:
+                self._wait(self._healthy, "kube-apiserver /readyz", "kube-apiserver", timeout=60)
             self._create_nodes()
             # kwok readies nodes one by one: hundreds take minutes on a busy machine.
             self._wait(self._nodes_ready, "simulated nodes to become Ready", "kwok",
                        timeout=60 + 1.0 * self.config.nodes)
             self._wait(self._default_service_account, "the default ServiceAccount", "kube-controller-manager", timeout=60)
         except BaseException:
-            self.down(quiet=True)
+            if not restarting:
+                self.down(quiet=True)
             raise
         elapsed = time.monotonic() - started
-        log(f"cluster {self.config.name}: up in {elapsed:.1f}s at {self.config.server}; "
+        how = (f"restarted {', '.join(dead)} (the others kept running), data kept" if restarting
+               else "up on its kept data" if kept and not fresh else "up")
+        log(f"cluster {self.config.name}: {how} in {elapsed:.1f}s at {self.config.server}; "
             f"KUBECONFIG={self.config.kubeconfig}")
         return elapsed
 
@@ -248,9 +268,12 @@ class Cluster:
                     held[owner] = port
         return held
 
-    def _check_ports(self) -> None:
-        """Fail clearly when another cluster (say, one with the same name under another cache) holds a port."""
+    def _check_ports(self, *, only: list[str]) -> None:
+        """Fail clearly when another cluster (say, one with the same name under another cache) holds a port
+        one of the processes `only` is about to listen on."""
         for owner, port in self.held_ports().items():
+            if owner.removesuffix(" peer") not in only:
+                continue
             raise ClusterError(
                 f"127.0.0.1:{port} ({owner}) is in use: is another cluster with port base"
                 f" {self.config.port_base} running? Stop it, or set FLEETPILOT_CLUSTER_PORT_BASE"
@@ -524,7 +547,8 @@ def add_parser(sub: Any) -> None:
     parser = sub.add_parser("cluster", help="the local control plane with simulated GPU nodes")
     parser.add_argument("action", choices=["up", "down", "status", "env"])
     parser.add_argument("--name", default=None, help="cluster name (default: dev, or $FLEETPILOT_CLUSTER)")
-    parser.add_argument("--fresh", action="store_true", help="restart even if it is running")
+    parser.add_argument("--fresh", action="store_true",
+                        help="stop everything and wipe the cluster's data first (default: keep it, start what died)")
     parser.set_defaults(func=cli)
 
 
@@ -532,7 +556,7 @@ def cli(args: argparse.Namespace) -> int:
     cluster = Cluster(config_from_env(args.name))
     try:
         if args.action == "up":
-            cluster.up(reuse=not args.fresh)
+            cluster.up(fresh=args.fresh)
         elif args.action == "down":
             cluster.down()
         elif args.action == "status":

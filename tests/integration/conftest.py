@@ -86,7 +86,7 @@ def control_plane() -> Iterator[devcluster.Cluster]:
     config = devcluster.config_from_env(os.environ.get("FLEETPILOT_TEST_CLUSTER", "test"))
     cluster = devcluster.Cluster(config)
     already_running = cluster.running()
-    cluster.up(reuse=True)
+    cluster.up(fresh=not already_running)
     yield cluster
     if not already_running and not os.environ.get("FLEETPILOT_KEEP_CLUSTER"):
         cluster.down(quiet=True)
