@@ -69,7 +69,7 @@ class ClosedLoop:
     # "when the load reached the level that needs more replicas" hardly depends on the latency
     # corrections that move that level; the way down is gradual, one step at a time.
     shape: tuple[tuple[float, float], ...] = (
-        (0, 0.3), (30, 0.3), (40, 2.4), (110, 2.4), (150, 0.3), (240, 0.3),
+        (0, 0.3), (30, 0.3), (40, 2.4), (110, 2.4), (150, 0.3), (210, 0.3),
     )
     seed: int = 7
     risk: float = 0.5
@@ -136,7 +136,7 @@ class ClosedLoop:
                 "engine": {"framework": "simulator", "args": worker_args},
                 "components": components,
                 # risk 0.5: a 4-minute run is 24 ten-second intervals; after its 8× ramp the calibrated
-                # 0.9-quantile stays wide for longer than the run (docs/decisions.md, "One risk knob").
+                # 0.9-quantile stays wide for longer than the run (docs/adr/0016-one-risk-knob.md).
                 "planner": {"mode": mode, "predictor": "constant", "intervalSeconds": self.interval_s,
                             "gpuBudget": self.gpu_budget,
                             "risk": self.risk, "fastPathSeconds": self.fast_path_s,
@@ -387,6 +387,20 @@ def plot(rows: list[dict[str, Any]], path: Path, *, scenario: ClosedLoop, title:
 
 
 # -- what the backtest predicts for the same run --------------------------------------------------------------
+
+
+def within_targets(load: dict[str, Any], *, ttft_ms: float, itl_ms: float) -> dict[str, float]:
+    """The shares of the load report's requests whose TTFT, and whose mean ITL, met its target (a failed
+    request meets neither)."""
+    requests = load["requests"]
+    if not requests:
+        return {"ttft": 0.0, "itl": 0.0}
+
+    def share(key: str, target: float) -> float:
+        met = [r for r in requests if r["status"] == "ok" and r[key] is not None and r[key] <= target]
+        return len(met) / len(requests)
+
+    return {"ttft": share("ttft_ms", ttft_ms), "itl": share("itl_ms", itl_ms)}
 
 
 def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:

@@ -88,6 +88,8 @@ def test_planner_follows_a_ramp_up_and_down(harness: harness_mod.Harness, result
         "cancelled": statuses.count("cancelled"),
         "client_sla_attainment": load["summary"]["goodput_fraction"],
         "backtest_sla_attainment": scenario_mod.backtest_goodput(s, results / "closed_loop.trace.csv"),
+        # Which target the client's misses broke (a miss of both counts in both).
+        "client_within": scenario_mod.within_targets(load, ttft_ms=s.ttft_ms, itl_ms=s.itl_ms),
         "needs_more_at_s": needs, "first_scale_up_at_s": first_up, "load_below_threshold_from_s": relief,
         "peak_desired": peak, "final_desired": final_desired,
         "kubectl_get_dg": table, "planner_status": final.get("status", {}).get("planner"),

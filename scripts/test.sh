@@ -13,9 +13,12 @@ export OPENBLAS_NUM_THREADS=1  # small model fits; a BLAS thread pool only fight
 echo "== static checks"
 bash scripts/check.sh
 
-echo "== tests"
+echo "== unit tests (both cores: pure, no shared state)"
 set +e
-pytest tests -p no:cacheprovider "$@"
+pytest tests/unit -p no:cacheprovider -n 2 --durations=15 "$@"
+unit_status=$?
+echo "== integration tests (one control plane for the session, so one process)"
+pytest tests/integration -p no:cacheprovider --durations=15 "$@"
 status=$?
 echo "== backtest benchmark, quick (every policy on two traces; the full run is benchmarks/backtest.py)"
 quick_out=$(mktemp -d)
@@ -26,15 +29,16 @@ echo "== scale benchmark, quick (10 graphs through every phase; the full run is 
 python benchmarks/scale_bench.py --quick --out "$(mktemp -d)/scale-quick.json"
 scale_status=$?
 echo "== e2e: the closed loop (cluster e2e, Prometheus, operator, planner, simulated fleet)"
-pytest e2e -p no:cacheprovider
+pytest e2e -p no:cacheprovider --durations=15
 e2e_status=$?
 set -e
-for code in $status $e2e_status; do
+for code in $unit_status $status $e2e_status; do
   if [[ $code -eq 5 ]]; then
     echo "test.sh: pytest collected no tests; that is a failure" >&2
     exit 1
   fi
 done
+(( unit_status == 0 )) || exit $unit_status
 (( status == 0 )) || exit $status
 (( bench_status == 0 )) || exit $bench_status
 (( scale_status == 0 )) || exit $scale_status
