@@ -1,4 +1,4 @@
-"""What render.py asks of an inference engine: the `Engine` protocol and the helpers engines share.
+"""What render.py asks of an inference engine: the `Engine` base class and the helpers engines share.
 
 Where it sits: below render.py, which builds every Kubernetes object the same way for any engine
 and asks the graph's engine (engines.py looks it up by `spec.engine.framework`) only for what
@@ -26,8 +26,9 @@ nothing of the operator's but this module. Pure, like render.py: values in, mani
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from fleetpilot.api import v1alpha1 as api
 
@@ -82,45 +83,42 @@ class ConfigFiles:
     files: dict[str, str]
 
 
-class Engine(Protocol):
-    """An inference engine as render.py drives it. One module per engine implements it
-    (engine_vllm.py, engine_sglang.py, engine_trtllm.py, engine_simulator.py); engines.py registers
-    each under its `name`, the value of the graph's `spec.engine.framework`."""
+class Engine(abc.ABC):
+    """An inference engine as render.py drives it. One module per engine subclasses it
+    (engine_vllm.py, engine_sglang.py, engine_trtllm.py, engine_simulator.py) and overrides what
+    differs from these defaults; engines.py registers each under its `name`, the value of the
+    graph's `spec.engine.framework`."""
 
-    @property
-    def name(self) -> str:
-        """The API's name for the engine; also the pods' framework label."""
-        ...
+    #: The API's name for the engine; also the pods' framework label.
+    name: str
+    #: Whether worker pods mount a memory-backed emptyDir at /dev/shm.
+    shared_memory: bool = False
 
-    @property
-    def shared_memory(self) -> bool:
-        """Whether worker pods mount a memory-backed emptyDir at /dev/shm."""
-        ...
-
+    @abc.abstractmethod
     def command(self, worker: Worker) -> tuple[list[str], list[str]]:
         """(command, args) that start the engine for `worker`, user arguments not included."""
-        ...
 
     def probes(self, worker: Worker) -> Manifest | None:
         """The container's probes (startupProbe, readinessProbe, livenessProbe keys), or None when
-        the pod answers no HTTP at all."""
-        ...
+        the pod answers no HTTP at all. Default: /health on the pod that serves the API (a group's
+        leader); a group's other ranks answer nothing."""
+        return health_probes() if worker.leader else None
 
     def drain_hook(self, worker: Worker) -> Manifest | None:
-        """The container's preStop handler, or None when SIGTERM alone drains the engine."""
-        ...
+        """The container's preStop handler, or None when SIGTERM alone drains the engine (default)."""
+        return None
 
     def env(self, worker: Worker) -> list[Manifest]:
-        """Environment variables the engine needs beyond the pod's and the user's."""
-        ...
+        """Environment variables the engine needs beyond the pod's and the user's (default: none)."""
+        return []
 
     def ports(self, worker: Worker) -> list[Manifest]:
-        """Container ports the engine opens besides its HTTP API."""
-        ...
+        """Container ports the engine opens besides its HTTP API (default: none)."""
+        return []
 
     def config(self, role: Role) -> ConfigFiles | None:
-        """Files the engine reads at start for a component of this role, or None."""
-        ...
+        """Files the engine reads at start for a component of this role, or None (default)."""
+        return None
 
 
 # -- helpers engines share ---------------------------------------------------------------------------

@@ -13,14 +13,19 @@ gauges are 0.
 
 from __future__ import annotations
 
-from fleetpilot.operator.engine import ConfigFiles, Manifest, Role, Worker, health_probes, wait_until_idle
+from fleetpilot.operator.engine import (
+    Engine,
+    Manifest,
+    Worker,
+    wait_until_idle,
+)
 
 BOOTSTRAP_PORT = 8998
 #: Requests SGLang still has: in the running batch, and queued.
 BUSY_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 
 
-class SGLang:
+class SGLang(Engine):
     """The `Engine` for `framework: sglang`."""
 
     name = "sglang"
@@ -40,23 +45,14 @@ class SGLang:
                      "--dist-init-addr", f"{group.leader_address}:{group.port}"]
         return ["python3"], args
 
-    def probes(self, worker: Worker) -> Manifest | None:
-        return health_probes() if worker.leader else None
-
     def drain_hook(self, worker: Worker) -> Manifest | None:
         return wait_until_idle(worker, BUSY_GAUGES)
-
-    def env(self, worker: Worker) -> list[Manifest]:
-        return []
 
     def ports(self, worker: Worker) -> list[Manifest]:
         # The bootstrap server runs where the API does: on a prefill worker's leader.
         if worker.role != "prefill" or not worker.leader:
             return []
         return [{"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"}]
-
-    def config(self, role: Role) -> ConfigFiles | None:
-        return None
 
 
 ENGINE = SGLang()

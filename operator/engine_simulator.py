@@ -14,14 +14,13 @@ shared memory either.
 
 from __future__ import annotations
 
-from fleetpilot.operator.engine import ConfigFiles, Manifest, Role, Worker, health_probes
+from fleetpilot.operator.engine import Engine, Manifest, Worker, health_probes
 
 
-class Simulator:
+class Simulator(Engine):
     """The `Engine` for `framework: simulator`."""
 
     name = "simulator"
-    shared_memory = False
 
     def command(self, worker: Worker) -> tuple[list[str], list[str]]:
         args = ["sim", "worker", "--role", worker.role, "--model", worker.served_name, "--host", "0.0.0.0",
@@ -35,19 +34,7 @@ class Simulator:
         return ["fleetpilot"], args
 
     def probes(self, worker: Worker) -> Manifest | None:
-        return health_probes()
-
-    def drain_hook(self, worker: Worker) -> Manifest | None:
-        return None
-
-    def env(self, worker: Worker) -> list[Manifest]:
-        return []
-
-    def ports(self, worker: Worker) -> list[Manifest]:
-        return []
-
-    def config(self, role: Role) -> ConfigFiles | None:
-        return None
+        return health_probes()  # every rank of a simulated group serves /health, the leader's ranks too
 
 
 ENGINE = Simulator()

@@ -15,7 +15,7 @@ still covers the drain time.
 
 from __future__ import annotations
 
-from fleetpilot.operator.engine import ConfigFiles, Manifest, Role, Worker, health_probes
+from fleetpilot.operator.engine import ConfigFiles, Engine, Role, Worker
 
 CONFIG_DIR = "/etc/fleetpilot/trtllm"
 OPTIONS_FILE = "extra-llm-api-options.yaml"
@@ -30,7 +30,7 @@ def extra_options(role: Role) -> str:
     return "\n".join(lines) + "\n"
 
 
-class TensorRTLLM:
+class TensorRTLLM(Engine):
     """The `Engine` for `framework: trtllm`."""
 
     name = "trtllm"
@@ -44,18 +44,6 @@ class TensorRTLLM:
         if worker.disaggregated:
             args += ["--extra_llm_api_options", f"{CONFIG_DIR}/{OPTIONS_FILE}"]
         return ["trtllm-serve"], args
-
-    def probes(self, worker: Worker) -> Manifest | None:
-        return health_probes() if worker.leader else None
-
-    def drain_hook(self, worker: Worker) -> Manifest | None:
-        return None
-
-    def env(self, worker: Worker) -> list[Manifest]:
-        return []
-
-    def ports(self, worker: Worker) -> list[Manifest]:
-        return []
 
     def config(self, role: Role) -> ConfigFiles | None:
         if role == "aggregated":

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import json
 
-from fleetpilot.operator.engine import ConfigFiles, Manifest, Role, Worker, health_probes, wait_until_idle
+from fleetpilot.operator.engine import (
+    Engine,
+    Manifest,
+    Worker,
+    wait_until_idle,
+)
 
 NIXL_SIDE_CHANNEL_PORT = 5600
 #: Requests vLLM still has: in the running batch, and queued.
 BUSY_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
-class VLLM:
+class VLLM(Engine):
     """The `Engine` for `framework: vllm`."""
 
     name = "vllm"
@@ -45,9 +50,6 @@ class VLLM:
                 args.append("--headless")
         return ["vllm"], args
 
-    def probes(self, worker: Worker) -> Manifest | None:
-        return health_probes() if worker.leader else None
-
     def drain_hook(self, worker: Worker) -> Manifest | None:
         return wait_until_idle(worker, BUSY_GAUGES)
 
@@ -61,9 +63,6 @@ class VLLM:
         if not worker.disaggregated:
             return []
         return [{"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"}]
-
-    def config(self, role: Role) -> ConfigFiles | None:
-        return None
 
 
 ENGINE = VLLM()

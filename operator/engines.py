@@ -1,6 +1,6 @@
 """The engines render.py can run, by the name a graph gives in `spec.engine.framework`.
 
-Adding an engine: a module beside the others implementing `engine.Engine` (its flags, probes,
+Adding an engine: a module beside the others subclassing `engine.Engine` (its flags, probes,
 drain hook, side channels and files), a line below, its name in the API's `Framework`, and golden
 tests of what it renders. The API refuses any other name at admission (the CRD's enum, pydantic's
 Literal), so `lookup` failing means the API and this registry disagree.

@@ -411,10 +411,7 @@ class GraphReconciler:
         logger.info("%s/%s: %s", namespace, graph.metadata.name, message)
         regarding = {"apiVersion": api.API_VERSION, "kind": api.GRAPH_KIND,
                      "metadata": {"name": graph.metadata.name, "namespace": namespace, "uid": graph.metadata.uid}}
-        try:
-            await self.kube.event(regarding, type_="Warning", reason=reason, message=message)
-        except kube_mod.ApiError as error:  # best effort: the status and the log say it too
-            logger.warning("could not record event on %s: %s", graph.metadata.name, error)
+        await self._record_event(regarding, type_="Warning", reason=reason, message=message)
 
     async def _before_scale_down(self, graph: api.DynamoGraph, deployment: Manifest | None, replicas: int,
                                  pods: list[Manifest]) -> None:
@@ -492,12 +489,9 @@ class GraphReconciler:
             return dgc
         self.cache.remember(clamped)
         bounds = f"scaling.min {low if low is not None else 0}, scaling.max {high if high is not None else 'none'}"
-        try:
-            await self.kube.event(clamped, type_="Normal", reason="ReplicasClamped",
-                                  message=f"{component}: {asked} replicas lie outside the graph's bounds ({bounds}):"
-                                          f" set to {allowed}")
-        except kube_mod.ApiError as error:  # an event is best effort: the component's replicas say it
-            logger.warning("could not record event on %s: %s", meta["name"], error)
+        await self._record_event(clamped, type_="Normal", reason="ReplicasClamped",
+                                 message=f"{component}: {asked} replicas lie outside the graph's bounds ({bounds}):"
+                                         f" set to {allowed}")
         return clamped
 
     async def _apply_owned(self, manifest: Manifest, owner: render.OwnerRef, existing: Manifest | None) -> Manifest:
@@ -633,11 +627,15 @@ class GraphReconciler:
         if not interesting:
             return
         warning = condition.type == "Degraded" or no_planner
+        await self._record_event(body, type_="Warning" if warning else "Normal", reason=condition.reason,
+                                 message=condition.message or condition.reason)
+
+    async def _record_event(self, regarding: Manifest, *, type_: str, reason: str, message: str) -> None:
+        """An Event about `regarding`, best effort: what it says is in the object's status or spec too."""
         try:
-            await self.kube.event(body, type_="Warning" if warning else "Normal", reason=condition.reason,
-                                  message=condition.message or condition.reason)
-        except kube_mod.ApiError as error:  # an event is best effort; status already says it
-            logger.warning("could not record event on %s: %s", body["metadata"]["name"], error)
+            await self.kube.event(regarding, type_=type_, reason=reason, message=message)
+        except kube_mod.ApiError as error:
+            logger.warning("could not record event on %s: %s", regarding["metadata"]["name"], error)
 
 
 def _utc(epoch_s: float) -> datetime.datetime:

@@ -21,7 +21,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,20 +156,7 @@ class Cluster:
         for sub in (self.pids, self.logs):
             sub.mkdir(parents=True, exist_ok=True)
         pki = pki_mod.ensure(self.folder / "pki", service_ip=SERVICE_IP)
-        kubeconfigs = {
-            stem: pki_mod.write_kubeconfig(
-                self.folder / f"{stem}.kubeconfig", pki=pki, stem=stem, server=self.config.server,
-                cluster_name=f"fleetpilot-{self.config.name}",
-            )
-            for stem in pki_mod.CLIENTS
-        }
-        starts: dict[str, Callable[[], None]] = {
-            "etcd": self._start_etcd,
-            "kube-apiserver": lambda: self._start_apiserver(pki),
-            "kube-controller-manager": lambda: self._start_controller_manager(pki, kubeconfigs["controller-manager"]),
-            "kube-scheduler": lambda: self._start_scheduler(kubeconfigs["scheduler"]),
-            "kwok": lambda: self._start_kwok(kubeconfigs["kwok"]),
-        }
+        starts = self._starts(pki, self._write_kubeconfigs(pki))
         restarting = len(dead) < len(self.PROCESSES)
         try:
             for name in dead:  # in PROCESSES' order: each needs the ones before it
@@ -192,6 +179,25 @@ class Cluster:
             f"KUBECONFIG={self.config.kubeconfig}")
         return elapsed
 
+    def _write_kubeconfigs(self, pki: pki_mod.Pki) -> dict[str, Path]:
+        return {
+            stem: pki_mod.write_kubeconfig(
+                self.folder / f"{stem}.kubeconfig", pki=pki, stem=stem, server=self.config.server,
+                cluster_name=f"fleetpilot-{self.config.name}",
+            )
+            for stem in pki_mod.CLIENTS
+        }
+
+    def _starts(self, pki: pki_mod.Pki, kubeconfigs: Mapping[str, Path]) -> dict[str, Callable[[], None]]:
+        """How to start each process, with the certificates and kubeconfig it needs."""
+        return {
+            "etcd": self._start_etcd,
+            "kube-apiserver": lambda: self._start_apiserver(pki),
+            "kube-controller-manager": lambda: self._start_controller_manager(pki, kubeconfigs["controller-manager"]),
+            "kube-scheduler": lambda: self._start_scheduler(kubeconfigs["scheduler"]),
+            "kwok": lambda: self._start_kwok(kubeconfigs["kwok"]),
+        }
+
     def down(self, *, quiet: bool = False) -> None:
         """Stop the processes named by the saved PIDs, newest first."""
         for name in reversed(self.PROCESSES):
@@ -209,11 +215,10 @@ class Cluster:
     def restart(self, name: str, *, down_s: float = 0.0) -> float:
         """Stop etcd or kube-apiserver, leave it down `down_s` seconds, start it again and wait until it
         serves; returns the seconds it was away. For fault tests: the others keep running and must cope."""
-        starts: dict[str, Callable[[], None]] = {"etcd": self._start_etcd,
-                  "kube-apiserver": lambda: self._start_apiserver(pki_mod.ensure(self.folder / "pki",
-                                                                                 service_ip=SERVICE_IP))}
-        if name not in starts:
-            raise ValueError(f"restart: {name} is not one of {sorted(starts)}")
+        if name not in ("etcd", "kube-apiserver"):
+            raise ValueError(f"restart: {name} is not one of ['etcd', 'kube-apiserver']")
+        # etcd and the apiserver read no kubeconfig: the clients' files stay as they are.
+        starts = self._starts(pki_mod.ensure(self.folder / "pki", service_ip=SERVICE_IP), {})
         stopped = time.monotonic()
         pid = self._pid(name)
         if pid is not None:
