@@ -512,6 +512,16 @@ class Frontend:
         if self.mode == "disaggregated":
             tracker.enter("prefill")
             params, generation = await self._prefill(path, body, blocks, tracker.request_id)
+            for _ in range(self.retries - 1):
+                if self._candidates("decode", set(), generation):
+                    break
+                # The prefill's generation lost its last decode worker while the prefill ran (a rollout
+                # retiring it): no other generation can read that KV, so prefill again on one that still
+                # pairs (the first prefill's KV is freed at its hold timeout). Nothing awaits between
+                # this check and the decode's pick, so a generation that passes it is the one decoded on.
+                logger.info("request %s: generation %s has no decode worker left; prefilling again",
+                            tracker.request_id, generation)
+                params, generation = await self._prefill(path, body, blocks, tracker.request_id)
             body = dict(body, kv_transfer_params=params)
             tracker.prefilled = time.monotonic()
         tracker.enter("first_token")

@@ -64,11 +64,13 @@ def metric(text: str, name: str, **labels: str) -> list[tuple[dict[str, str], fl
 
 @contextlib.contextmanager
 def workers(*specs: tuple[str, str]) -> Iterator[list[routing.Worker]]:
-    """Simulator workers, one per (role, generation)."""
+    """Simulator workers, one per (role, generation). A prefill worker holds a request's KV for the
+    decode worker's pull far longer than any test waits: at the workers' speedup the default hold
+    timeout passes in a fraction of a wall-clock second, less than a pull can take on a busy machine."""
     with contextlib.ExitStack() as stack:
         found = []
         for i, (role, generation) in enumerate(specs):
-            w = stack.enter_context(worker(role=role))  # type: ignore[arg-type]
+            w = stack.enter_context(worker(role=role, hold_timeout=1e6))  # type: ignore[arg-type]
             found.append(routing.Worker(w.url, role, f"{role}-{generation}-{i}", generation))
         yield found
 
@@ -100,6 +102,37 @@ def test_prefill_and_decode_always_share_a_generation() -> None:
     assert set(pairs) == {("old", "old"), ("new", "new")}, pairs
     assert pairs[("old", "old")] >= 4 + 1 and pairs[("new", "new")] >= 1  # both carry traffic once paired
     assert sum(pairs.values()) == 12
+
+
+def test_a_prefill_whose_generation_loses_its_decode_workers_is_redone_on_one_that_pairs() -> None:
+    with workers(("prefill", "old"), ("prefill", "new"), ("decode", "old"), ("decode", "new")) as (
+            p_old, p_new, d_old, d_new):
+        retired: list[str] = []
+
+        async def retire_old(request: httpx.Request) -> None:
+            # The moment the prefill reaches the old generation, a rollout retires that generation.
+            if str(request.url) == p_old.url + "/v1/completions" and not retired:
+                retired.append(str(request.url))
+                discovery.set("prefill", [p_new])
+                discovery.set("decode", [d_new])
+
+        discovery = FakeDiscovery()
+        discovery.set("prefill", [p_old])
+        discovery.set("decode", [d_old, d_new])
+
+        async def go() -> tuple[int, str]:
+            fe, client = frontend(discovery)
+            fe.client.event_hooks["request"].append(retire_old)
+            async with client:
+                response = await complete(client)
+                return response.status_code, (await client.get("/metrics")).text
+
+        status, text = asyncio.run(go())
+    assert retired, "the first prefill went to the old generation"
+    assert status == 200
+    pairs = {(labels["prefill_generation"], labels["decode_generation"]): value
+             for labels, value in metric(text, "fleetpilot_frontend_generation_pairs_total")}
+    assert pairs == {("new", "new"): 1}, pairs
 
 
 def test_a_request_with_no_worker_is_held_until_one_is_ready() -> None:
