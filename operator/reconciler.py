@@ -36,7 +36,14 @@ Manifest = dict[str, Any]
 
 
 class NameConflict(Exception):
-    """An object we would create already exists and belongs to someone else: we leave it alone."""
+    """Objects we would create already exist and belong to someone else: we leave them alone, and
+    name every one of them (`objects`: "Kind name"), so one look at the condition says what to free."""
+
+    def __init__(self, objects: list[str]) -> None:
+        self.objects = objects
+        verb, pronoun = ("exists", "it") if len(objects) == 1 else ("exist", "them")
+        super().__init__(f"{', '.join(objects)} {verb} and {'is' if len(objects) == 1 else 'are'} not owned by "
+                         f"this graph; delete or rename {pronoun}")
 
 
 class Superseded(Exception):
@@ -45,7 +52,8 @@ class Superseded(Exception):
 
 SUPERSEDED_RETRY_SECONDS = 0.5
 #: How often a graph in NameConflict looks again: the foreign object in the way carries none of our labels,
-#: so no watch event says when it goes. Each look is one refused create and one read of that object.
+#: so no watch event says when it goes. Each look is one refused create and one read of that object, and
+#: one read of each child the conflict stopped its component from applying.
 CONFLICT_RECHECK_SECONDS = 1.0
 #: How old the cluster's free-GPU count in an `Unschedulable` message may be (`ClusterGpus`).
 CLUSTER_GPUS_TTL_SECONDS = 30.0
@@ -235,14 +243,21 @@ class GraphReconciler:
         dgcs: dict[api.ComponentName, Manifest] = {}
         requested: dict[api.ComponentName, int] = {}
         replicas: dict[api.ComponentName, int] = {}
+        conflicts: list[str] = []  # every object in the way, named together
         for component in wanted:
-            dgcs[component] = await self._ensure_component(
-                graph, component, components.get(contract.child_name(name, component)))
+            try:
+                dgcs[component] = await self._ensure_component(
+                    graph, component, components.get(contract.child_name(name, component)))
+            except NameConflict as conflict:
+                conflicts.extend(conflict.objects)
+                continue
             requested[component] = int(dgcs[component]["spec"]["replicas"])
             replicas[component] = render.effective_replicas(graph, component, requested[component])
             if replicas[component] != requested[component]:
                 dgcs[component] = await self._clamp_component(graph, component, dgcs[component], replicas[component])
                 requested[component] = int(dgcs[component]["spec"]["replicas"])
+        if conflicts:  # without its component a workload has no owner: nothing more is made
+            raise NameConflict(conflicts)
         owners = {c: render.OwnerRef(api.API_VERSION, api.COMPONENT_KIND, dgc["metadata"]["name"],
                                      dgc["metadata"]["uid"]) for c, dgc in dgcs.items()}
 
@@ -272,13 +287,22 @@ class GraphReconciler:
             owner = owners[component]
             size = plan.replicas[target][component] if component != "frontend" else replicas[component]
             deployment: Manifest | None = None
+            blocked = False  # a child in the way: what comes after it in dependency order is only checked
             for manifest in render.workload(graph, component, replicas=size, owner=owner, settings=self.settings,
                                             generation=target if component != "frontend" else None):
                 key = (manifest["kind"], manifest["metadata"]["name"])
                 keep.add(key)
+                if blocked:
+                    conflicts.extend(await self._foreign(manifest, owner, children.get(key)))
+                    continue
                 if manifest["kind"] == "Deployment" and component != "frontend":
                     await self._before_scale_down(graph, children.get(key), size, pods)
-                applied = await self._apply_owned(manifest, owner, children.get(key))
+                try:
+                    applied = await self._apply_owned(manifest, owner, children.get(key))
+                except NameConflict as conflict:
+                    conflicts.extend(conflict.objects)
+                    blocked = True  # e.g. no workload runs under a ServiceAccount that is not ours
+                    continue
                 if manifest["kind"] == "Deployment":
                     deployment = applied
                 elif manifest["kind"] == "StatefulSet":  # a multinode component's leaders: counted in groups
@@ -304,6 +328,8 @@ class GraphReconciler:
                 nodes=render.nodes_of(graph, component),
             ))
 
+        if conflicts:
+            raise NameConflict(conflicts)
         await self._prune(graph, uid, components, children, keep, wanted)
 
         # Which nodes could take the pods the scheduler turned away, and what is already on them.
@@ -528,7 +554,23 @@ class GraphReconciler:
             # deleting it ourselves only makes that sooner. The uid precondition spares any newcomer.
             await self.kube.delete(kind, meta["namespace"], meta["name"], uid=meta["uid"])
             raise Superseded(f"{what} belongs to a deleted {owner.kind} {owner.name}; removing it first")
-        raise NameConflict(f"{what} exists and is not owned by this graph; delete or rename it")
+        raise NameConflict([what])
+
+    async def _foreign(self, manifest: Manifest, owner: render.OwnerRef, existing: Manifest | None) -> list[str]:
+        """The child named `manifest`, if it exists and is not `owner`'s ("Kind name"), without making
+        or changing anything: what is checked after a conflict has stopped a component's applies."""
+        if existing is None:
+            try:
+                existing = await self.kube.get(manifest["kind"], manifest["metadata"]["namespace"],
+                                               manifest["metadata"]["name"])
+            except kube_mod.ApiError as error:
+                if error.not_found:
+                    return []
+                raise
+        ref = controller_ref(existing) or {}
+        if ref.get("uid") == owner.uid or (ref.get("kind"), ref.get("name")) == (owner.kind, owner.name):
+            return []  # ours, or a deleted predecessor's (removed once the component's applies go on)
+        return [f"{manifest['kind']} {manifest['metadata']['name']}"]
 
     async def _prune(
         self,

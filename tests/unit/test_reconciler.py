@@ -397,6 +397,23 @@ def test_a_foreign_object_is_a_name_conflict_and_is_left_alone() -> None:
     assert "components" not in status  # never an empty map: the API would store it as null and refuse it
 
 
+def test_every_foreign_object_in_the_way_is_named_and_nothing_is_made_after_one() -> None:
+    fake, graphs = setup()
+    for kind, name in (("Service", "g-frontend"), ("ServiceAccount", "g-frontend"), ("Service", "g-decode")):
+        fake.put({"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "namespace": "ns"}})
+    asyncio.run(graphs.reconcile("ns", "g"))
+    degraded = contract.find_condition(fake.objects[(api.GRAPH_KIND, "ns", "g")]["status"]["conditions"], "Degraded")
+    assert degraded is not None and degraded["reason"] == "NameConflict"
+    for what in ("ServiceAccount g-frontend", "Service g-frontend", "Service g-decode"):
+        assert what in degraded["message"], degraded["message"]
+    assert degraded["message"].endswith("are not owned by this graph; delete or rename them")
+    # No workload of a component with a child in the way: nothing runs under a ServiceAccount not ours.
+    made = {(kind, name) for (verb, kind, name) in fake.calls if verb == "create"}
+    assert ("Deployment", "g-frontend") not in made and ("Deployment", deployment("decode")) not in made, made
+    assert ("Deployment", deployment("prefill")) in made  # a component with nothing in the way is made
+    assert not any(verb == "delete" for (verb, _, _) in fake.calls)
+
+
 def test_a_name_conflict_clears_by_itself_once_the_foreign_object_goes() -> None:
     """The foreign object carries none of our labels, so no watch event says it went: the graph in
     NameConflict looks again by itself, and takes the name within seconds."""
