@@ -81,7 +81,8 @@ def _resource_schema(spec: type[BaseModel], status: type[BaseModel], **extra: An
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Only metadata.name may be constrained here; listed so root rules can name it as their field.
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": structural_schema(spec),
             "status": structural_schema(status),
         },
@@ -143,6 +144,7 @@ def dynamograph_crd() -> dict[str, Any]:
             "rule": f"self.metadata.name.size() <= {v1alpha1.MAX_GRAPH_NAME_LENGTH}",
             "message": f"metadata.name must be at most {v1alpha1.MAX_GRAPH_NAME_LENGTH} characters"
             " so that child names like <name>-aggregated fit in 63",
+            "fieldPath": ".metadata.name",
         },
         {
             "rule": " || ".join(f"(has(self.spec.components.{worker}) && self.spec.components.{worker}.nodes > 1)"
@@ -151,11 +153,13 @@ def dynamograph_crd() -> dict[str, Any]:
             "message": f"metadata.name must be at most {v1alpha1.MAX_MULTINODE_GRAPH_NAME_LENGTH} characters when a"
             " component spans nodes: its groups' StatefulSets are named"
             f" <name>-<component>-<generation>-<index>, at most {v1alpha1.MAX_STATEFULSET_NAME_LENGTH}",
+            "fieldPath": ".metadata.name",
         },
         {
             "rule": f"self.metadata.name.matches('{v1alpha1.DNS1035_LABEL}')",
             "message": "metadata.name must be a DNS-1035 label (lower-case letters, digits and '-',"
             " starting with a letter) because it names Services",
+            "fieldPath": ".metadata.name",
         },
     ]
     return _crd(

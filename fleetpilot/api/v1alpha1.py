@@ -50,9 +50,14 @@ def _preserve_unknown(description: str) -> Any:
     )
 
 
-def _cel(*rules: tuple[str, str]) -> dict[str, Any]:
-    """CEL rules (expression, message) for a model's ``x-kubernetes-validations``."""
-    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+def _cel(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:
+    """CEL rules (expression, message[, field]) for a model's ``x-kubernetes-validations``. `field`, a
+    path below the model (".engine.image"), is where the apiserver reports a broken rule: the error
+    then begins with the field it names (`spec.engine.image: Invalid value: ...`), not the object."""
+    out = []
+    for rule, message, *field in rules:
+        out.append({"rule": rule, "message": message, **({"fieldPath": field[0]} if field else {})})
+    return {"x-kubernetes-validations": out}
 
 
 def _defaulted(factory: type[BaseModel]) -> Any:
@@ -111,7 +116,7 @@ class Parallelism(ApiModel):
 class ScalingBounds(ApiModel):
     """The replica range the planner, an HPA or `kubectl scale` may choose from."""
 
-    model_config = ConfigDict(json_schema_extra=_cel(("self.min <= self.max", "scaling.min must not exceed scaling.max")))
+    model_config = ConfigDict(json_schema_extra=_cel(("self.min <= self.max", "scaling.min must not exceed scaling.max", ".min")))
 
     min_replicas: int = Field(default=1, ge=0, le=1000, alias="min", description="Fewest replicas.")
     max_replicas: int = Field(default=8, ge=1, le=1000, alias="max", description="Most replicas.")
@@ -180,6 +185,7 @@ class WorkerSpec(ApiModel):
             (
                 "self.replicas >= self.scaling.min && self.replicas <= self.scaling.max",
                 "replicas must lie within scaling.min and scaling.max",
+                ".replicas",
             ),
             (
                 "self.parallelism.tensor * self.parallelism.pipeline == self.gpus * self.nodes",
@@ -292,7 +298,7 @@ class ProfileSettings(ApiModel):
         json_schema_extra=_cel(
             ("!has(self.driftThreshold) || (self.driftThreshold >= 0.05 && self.driftThreshold <= 1.0)",
              ("planner.profile.driftThreshold must lie from 0.05 to 1.0: the share by which measured TTFT or ITL may "
-             "differ from the profile's before ProfileDrift is set, e.g. 0.2")),
+             "differ from the profile's before ProfileDrift is set, e.g. 0.2"), ".driftThreshold"),
         )
     )
 
@@ -323,11 +329,12 @@ class PlannerSpec(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra=_cel(
-            ("self.mode == 'off' || has(self.sla)", "planner.sla is required when planner.mode is advisory or sla"),
+            ("self.mode == 'off' || has(self.sla)", "planner.sla is required when planner.mode is advisory or sla",
+             ".sla"),
             # A CEL rule rather than minimum/maximum: the apiserver prints a fractional maximum as "0".
             ("!has(self.risk) || (self.risk >= 0.5 && self.risk <= 0.999)",
              ("planner.risk must lie from 0.5 to 0.999: the forecast quantile to provision for, e.g. 0.9 for the "
-             "load exceeded one interval in ten")),
+             "load exceeded one interval in ten"), ".risk"),
         )
     )
 
@@ -421,20 +428,23 @@ class DynamoGraphSpec(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra=_cel(
-            ("self.engine.framework == 'simulator' || has(self.engine.image)", "engine.image is required unless engine.framework is simulator"),
+            ("self.engine.framework == 'simulator' || has(self.engine.image)",
+             "engine.image is required unless engine.framework is simulator", ".engine.image"),
             # Only the simulator's capacity is known without a profile: any other engine would be
             # accepted and then never planned (PlannerActive=False NoProfile).
             ("self.planner.mode == 'off' || self.engine.framework == 'simulator' || has(self.planner.profileRef)",
              ("planner.profileRef is required when planner.mode is advisory or sla and engine.framework is not "
-              "simulator: point it at a ConfigMap holding the engine's capacity profile, or set planner.mode: off")),
+              "simulator: point it at a ConfigMap holding the engine's capacity profile, or set planner.mode: off"),
+             ".planner.profileRef"),
             (f"!has(self.planner.gpuBudget) || self.planner.gpuBudget >= {_MIN_GPUS_CEL}",
              ("planner.gpuBudget must cover the worker pools' minimums (scaling.min × gpus × nodes, summed): raise "
-              "gpuBudget or lower scaling.min")),
+              "gpuBudget or lower scaling.min"), ".planner.gpuBudget"),
             (
                 "self.engine.framework != 'trtllm' || "
                 + " && ".join(f"(!has(self.components.{w}) || self.components.{w}.nodes == 1)" for w in WORKER_COMPONENTS),
                 ("nodes must be 1 with engine.framework trtllm: TensorRT-LLM's multinode launch (mpirun over SSH "
                  "between a group's pods) is not rendered by fleetpilot; use vllm or sglang for multinode replicas"),
+                ".engine.framework",
             ),
         )
     )
@@ -548,9 +558,11 @@ class DynamoGraphComponentSpec(ApiModel):
                     "message": "replicas must lie within minReplicas and maxReplicas"
                     " (the graph's scaling.min/max); change the DynamoGraph's scaling to go beyond",
                     "optionalOldSelf": True,
+                    "fieldPath": ".replicas",
                 },
-                {"rule": "self.graph == oldSelf.graph", "message": "graph is immutable"},
-                {"rule": "self.component == oldSelf.component", "message": "component is immutable"},
+                {"rule": "self.graph == oldSelf.graph", "message": "graph is immutable", "fieldPath": ".graph"},
+                {"rule": "self.component == oldSelf.component", "message": "component is immutable",
+                 "fieldPath": ".component"},
             ]
         }
     )

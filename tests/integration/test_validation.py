@@ -77,15 +77,15 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     ),
     "scaling-min-above-max": (
         _set("spec.components.decode.scaling", {"min": 5, "max": 3}),
-        ["spec.components.decode.scaling", "scaling.min must not exceed scaling.max"],
+        ["spec.components.decode.scaling.min: Invalid value", "scaling.min must not exceed scaling.max"],
     ),
     "replicas-above-max": (
         _set("spec.components.prefill.replicas", 12),
-        ["spec.components.prefill", "replicas must lie within scaling.min and scaling.max"],
+        ["spec.components.prefill.replicas: Invalid value", "replicas must lie within scaling.min and scaling.max"],
     ),
     "replicas-below-min": (
         _set("spec.components.prefill.scaling", {"min": 3, "max": 6}),
-        ["spec.components.prefill", "replicas must lie within scaling.min and scaling.max"],
+        ["spec.components.prefill.replicas: Invalid value", "replicas must lie within scaling.min and scaling.max"],
     ),
     "parallelism-does-not-match-gpus": (
         _set("spec.components.decode.parallelism", {"tensor": 4}),
@@ -102,12 +102,12 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     "trtllm-multinode": (
         lambda g: (g["spec"]["engine"].update(framework="trtllm", image="nvcr.io/nvidia/tensorrt-llm/release:1.0.0"),
                    g["spec"]["components"]["decode"].update(nodes=2, gpus=1)),
-        ["spec", "nodes must be 1 with engine.framework trtllm", "use vllm or sglang for multinode replicas"],
+        ["spec.engine.framework: Invalid value", "nodes must be 1 with engine.framework trtllm", "use vllm or sglang for multinode replicas"],
     ),
     "multinode-name-too-long-for-group-statefulsets": (
         lambda g: (g["metadata"].update(name="a" * 29),
                    g["spec"]["components"]["decode"].update(nodes=2, gpus=1)),
-        ["metadata.name must be at most 28 characters when a component spans nodes"],
+        ["metadata.name: Invalid value", "metadata.name must be at most 28 characters when a component spans nodes"],
     ),
     "placement-topology-key-not-a-label-key": (
         _set("spec.placement", {"topologyKey": "rack name"}),
@@ -119,11 +119,11 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     ),
     "name-too-long-for-children": (
         _set("metadata.name", "a" * 53),
-        ["metadata.name must be at most 52 characters"],
+        ["metadata.name: Invalid value", "metadata.name must be at most 52 characters"],
     ),
     "name-not-dns-1035": (
         _set("metadata.name", "8b-llama"),
-        ["metadata.name must be a DNS-1035 label"],
+        ["metadata.name: Invalid value", "metadata.name must be a DNS-1035 label"],
     ),
     "unknown-framework": (
         _set("spec.engine.framework", "tgi"),
@@ -131,7 +131,7 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     ),
     "image-missing-for-real-engine": (
         _delete("spec.engine.image"),
-        ["spec", "engine.image is required unless engine.framework is simulator"],
+        ["spec.engine.image: Invalid value", "engine.image is required unless engine.framework is simulator"],
     ),
     "zero-gpus": (
         _set("spec.components.prefill.gpus", 0),
@@ -143,7 +143,7 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     ),
     "sla-mode-without-targets": (
         _set("spec.planner", {"mode": "sla"}),
-        ["spec.planner", "planner.sla is required when planner.mode is advisory or sla"],
+        ["spec.planner.sla: Invalid value", "planner.sla is required when planner.mode is advisory or sla"],
     ),
     "percentile-out-of-range": (
         _set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50, "percentile": 100}}),
@@ -159,31 +159,33 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
     ),
     "risk-above-range": (
         _set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}, "risk": 1.0}),
-        ["spec.planner", "planner.risk must lie from 0.5 to 0.999"],
+        ["spec.planner.risk: Invalid value", "planner.risk must lie from 0.5 to 0.999"],
     ),
     "risk-below-the-median": (
         _set("spec.planner", {"risk": 0.3}),
-        ["spec.planner", "planner.risk must lie from 0.5 to 0.999", "0.9 for the load exceeded one interval in ten"],
+        ["spec.planner.risk: Invalid value", "planner.risk must lie from 0.5 to 0.999",
+         "0.9 for the load exceeded one interval in ten"],
     ),
     "sla-mode-without-a-profile-for-a-real-engine": (
         _set("spec.planner", {"mode": "sla", "sla": {"ttftMs": 500, "itlMs": 50}}),
-        ["spec", ("planner.profileRef is required when planner.mode is advisory or sla and engine.framework is not"
+        ["spec.planner.profileRef: Invalid value", ("planner.profileRef is required when planner.mode is advisory or sla and engine.framework is not"
                   " simulator")],
     ),
     "advisory-mode-without-a-profile-for-a-real-engine": (
         _set("spec.planner", {"mode": "advisory", "sla": {"ttftMs": 500, "itlMs": 50}}),
-        ["spec", "planner.profileRef is required"],
+        ["spec.planner.profileRef: Invalid value", "planner.profileRef is required"],
     ),
     "gpu-budget-below-the-minimums": (
         # prefill min 1 × 1 GPU + decode min 1 × 2 GPUs = 3
         _set("spec.planner", {"gpuBudget": 2}),
-        ["spec", "planner.gpuBudget must cover the worker pools' minimums"],
+        ["spec.planner.gpuBudget: Invalid value", "planner.gpuBudget must cover the worker pools' minimums"],
     ),
     "gpu-budget-below-a-multinode-minimum": (
         # prefill 1 × 1 GPU + decode 1 group × 1 GPU × 2 pods = 3: a budget of 2 would cover gpus alone
         lambda g: (g["spec"]["components"]["decode"].update(nodes=2, gpus=1),
                    g["spec"].update(planner={"gpuBudget": 2})),
-        ["spec", "planner.gpuBudget must cover the worker pools' minimums (scaling.min × gpus × nodes"],
+        ["spec.planner.gpuBudget: Invalid value",
+         "planner.gpuBudget must cover the worker pools' minimums (scaling.min × gpus × nodes"],
     ),
     "missing-model": (
         _delete("spec.model"),
@@ -208,6 +210,8 @@ def test_apiserver_rejects_invalid_graph(kubectl: Kubectl, crds: None, case: str
     assert result.returncode != 0, f"{case} was accepted"
     for fragment in expected:
         assert fragment in result.stderr, f"{case}: {fragment!r} not in {result.stderr!r}"
+    # Every error begins with the field it is about, never with no field or the whole spec.
+    assert "<nil>:" not in result.stderr and "spec: Invalid value" not in result.stderr, result.stderr
 
 
 def test_the_valid_baseline_is_accepted(kubectl: Kubectl, crds: None) -> None:
@@ -248,4 +252,5 @@ def test_component_bounds_are_enforced_on_direct_edits(kubectl: Kubectl, crds: N
     result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(dgc),
                          check=False)
     assert result.returncode != 0
+    assert "spec.replicas: Invalid value" in result.stderr
     assert "replicas must lie within minReplicas and maxReplicas" in result.stderr
