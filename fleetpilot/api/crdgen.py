@@ -74,7 +74,11 @@ def _translate(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _resource_schema(spec: type[BaseModel], status: type[BaseModel], **extra: Any) -> dict[str, Any]:
+def _resource_schema(spec: type[BaseModel], status: type[BaseModel], *, status_default: dict[str, Any] | None = None,
+                     **extra: Any) -> dict[str, Any]:
+    status_schema = structural_schema(status)
+    if status_default is not None:
+        status_schema["default"] = status_default
     return {
         "type": "object",
         "required": ["spec"],
@@ -84,7 +88,7 @@ def _resource_schema(spec: type[BaseModel], status: type[BaseModel], **extra: An
             # Only metadata.name may be constrained here; listed so root rules can name it as their field.
             "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": structural_schema(spec),
-            "status": structural_schema(status),
+            "status": status_schema,
         },
         **extra,
     }
@@ -167,7 +171,12 @@ def dynamograph_crd() -> dict[str, Any]:
         plural=v1alpha1.GRAPH_PLURAL,
         short_names=["dg"],
         schema=_resource_schema(
-            v1alpha1.DynamoGraphSpec, v1alpha1.DynamoGraphStatus, **{"x-kubernetes-validations": name_rules}
+            v1alpha1.DynamoGraphSpec, v1alpha1.DynamoGraphStatus,
+            # The apiserver fills this default in whenever it serves a graph without status, so a graph
+            # no operator has seen yet reads as observed at generation 0: kstatus (Flux, kpt) and Argo CD
+            # call it InProgress rather than Current, by their generic observedGeneration rule.
+            status_default={"observedGeneration": 0},
+            **{"x-kubernetes-validations": name_rules},
         ),
         columns=[
             _column("Ready", '.status.conditions[?(@.type=="Ready")].status'),

@@ -7,6 +7,7 @@ rules of the generated CRD run, and nothing is stored.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -254,3 +255,14 @@ def test_component_bounds_are_enforced_on_direct_edits(kubectl: Kubectl, crds: N
     assert result.returncode != 0
     assert "spec.replicas: Invalid value" in result.stderr
     assert "replicas must lie within minReplicas and maxReplicas" in result.stderr
+
+
+def test_a_graph_no_operator_has_seen_is_served_as_observed_at_generation_zero(
+    kubectl: Kubectl, crds: None, namespace: str
+) -> None:
+    """The CRD's status default, filled in by the apiserver: a graph nothing has written status on reads
+    `observedGeneration: 0` below its generation, which kstatus and Argo CD call in progress
+    (tests/unit/test_gitops_health.py judges that object with their code)."""
+    result = kubectl.run("create", "-n", namespace, "-o", "json", "-f", "-", stdin=yaml.safe_dump(valid()))
+    created = json.loads(result.stdout)
+    assert created["metadata"]["generation"] == 1 and created["status"] == {"observedGeneration": 0}, created
