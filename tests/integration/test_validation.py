@@ -211,8 +211,10 @@ def test_apiserver_rejects_invalid_graph(kubectl: Kubectl, crds: None, case: str
     assert result.returncode != 0, f"{case} was accepted"
     for fragment in expected:
         assert fragment in result.stderr, f"{case}: {fragment!r} not in {result.stderr!r}"
-    # Every error begins with the field it is about, never with no field or the whole spec.
-    assert "<nil>:" not in result.stderr and "spec: Invalid value" not in result.stderr, result.stderr
+    # Every error of ours begins with the field it is about, never with no field or the whole spec (the
+    # apiserver's own notice that it skipped the CEL rules of an object already invalid has no field).
+    ours = [line for line in result.stderr.splitlines() if "some validation rules were not checked" not in line]
+    assert not [line for line in ours if "<nil>:" in line or "spec: Invalid value" in line], result.stderr
 
 
 def test_the_valid_baseline_is_accepted(kubectl: Kubectl, crds: None) -> None:
