@@ -298,6 +298,12 @@ def sustained_crossing(send_times: list[float], threshold_rps: float, *, window_
     return None
 
 
+def is_ready(pod: dict[str, Any]) -> bool:
+    """Whether a pod serves: Ready and not terminating."""
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None

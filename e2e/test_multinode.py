@@ -21,15 +21,11 @@ from conftest import Graph, run_load
 GROUP_ROLE = "fleetpilot.dev/group-role"
 
 
-def ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
-
-
 def whole_ready_groups(pods_by_name: dict[str, dict[str, Any]]) -> set[str]:
     """The groups (by leader pod) whose leader and rank are both Ready."""
     return {name for name, p in pods_by_name.items()
-            if p["metadata"]["labels"][GROUP_ROLE] == "leader" and ready(p)
-            and (rank := pods_by_name.get(f"{name}-1")) is not None and ready(rank)}
+            if p["metadata"]["labels"][GROUP_ROLE] == "leader" and scenario_mod.is_ready(p)
+            and (rank := pods_by_name.get(f"{name}-1")) is not None and scenario_mod.is_ready(rank)}
 
 
 def test_a_multinode_graph_serves_replayed_load_while_the_planner_scales_decode_groups(

@@ -85,11 +85,6 @@ def pods(http: httpx.Client, namespace: str, graph: str) -> list[dict[str, Any]]
     return found
 
 
-def is_ready(pod: dict[str, Any]) -> bool:
-    return not pod["metadata"].get("deletionTimestamp") and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
-
-
 def role(pod: dict[str, Any]) -> str:
     return str(pod["metadata"]["labels"].get(contract.LABEL_COMPONENT))
 
@@ -156,7 +151,7 @@ def test_scale_down_under_load_fails_no_stream(harness: harness_mod.Harness, res
             inflight = harness_mod.wait_for(
                 lambda: (n := gauge(url, contract.INFLIGHT_METRIC)) >= 50 and n, timeout=90,
                 what=lambda: f"50 streams in flight; now {gauge(url, contract.INFLIGHT_METRIC)}")
-            before = {p["metadata"]["name"]: p for p in pods(http, s.namespace, s.graph) if is_ready(p)}
+            before = {p["metadata"]["name"]: p for p in pods(http, s.namespace, s.graph) if scenario_mod.is_ready(p)}
             scaled_at = time.time()
             graph.kubectl.run("scale", f"dgc/{s.graph}-decode", "--replicas=2", "-n", s.namespace)
             graph.kubectl.run("scale", f"dgc/{s.graph}-prefill", "--replicas=1", "-n", s.namespace)
@@ -209,7 +204,7 @@ def generations_at(sample: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Ready worker pods per generation and component."""
     out: dict[str, dict[str, int]] = {}
     for pod in sample:
-        if role(pod) in WORKERS and is_ready(pod):
+        if role(pod) in WORKERS and scenario_mod.is_ready(pod):
             counts = out.setdefault(pod["metadata"]["labels"].get(GENERATION, ""), dict.fromkeys(WORKERS, 0))
             counts[role(pod)] += 1
     return out
@@ -440,7 +435,7 @@ def worker_times(samples: list[tuple[float, list[dict[str, Any]]]]) -> tuple[dic
             component = role(pod)
             if component in WORKERS:
                 created.setdefault(component, t)
-                if is_ready(pod):
+                if scenario_mod.is_ready(pod):
                     ready.setdefault(component, t)
     assert set(ready) == set(WORKERS), f"the workers never became Ready: {created}, {ready}"
     return created, ready
@@ -462,7 +457,7 @@ async def queue_full(url: str, model: str, queue: int) -> dict[str, Any]:
 def frontend_with_hold(http: httpx.Client, namespace: str, graph: str, seconds: int) -> str | None:
     """The URL of the graph's Ready frontend pod once it runs with `--hold-seconds seconds`."""
     for pod in pods(http, namespace, graph):
-        if role(pod) != "frontend" or not is_ready(pod):
+        if role(pod) != "frontend" or not scenario_mod.is_ready(pod):
             continue
         args = pod["spec"]["containers"][0]["args"]
         if args[args.index("--hold-seconds") + 1] == str(seconds):

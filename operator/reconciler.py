@@ -16,7 +16,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pydantic
@@ -41,13 +41,23 @@ class NameConflict(Exception):
 
     def __init__(self, objects: list[str]) -> None:
         self.objects = objects
-        verb, pronoun = ("exists", "it") if len(objects) == 1 else ("exist", "them")
-        super().__init__(f"{', '.join(objects)} {verb} and {'is' if len(objects) == 1 else 'are'} not owned by "
-                         f"this graph; delete or rename {pronoun}")
+        verb, pronoun = ("exists and is", "it") if len(objects) == 1 else ("exist and are", "them")
+        super().__init__(f"{', '.join(objects)} {verb} not owned by this graph; delete or rename {pronoun}")
 
 
 class Superseded(Exception):
     """A child of a deleted predecessor of ours (same owner name, older uid) is in the way until it is gone."""
+
+
+def ownership(existing: Manifest, owner: render.OwnerRef) -> Literal["ours", "predecessor", "foreign"]:
+    """Whose an existing child is: `owner`'s; a deleted predecessor's (an object of the same kind and
+    name that `owner` replaced, whose children the garbage collector is about to remove); or someone else's."""
+    ref = controller_ref(existing) or {}
+    if ref.get("uid") == owner.uid:
+        return "ours"
+    if (ref.get("apiVersion"), ref.get("kind"), ref.get("name")) == (owner.api_version, owner.kind, owner.name):
+        return "predecessor"
+    return "foreign"
 
 
 SUPERSEDED_RETRY_SECONDS = 0.5
@@ -544,12 +554,12 @@ class GraphReconciler:
 
     async def _check_owner(self, existing: Manifest, kind: str, owner: render.OwnerRef) -> None:
         """Ours: go on. A deleted predecessor's: delete it (it is ours too) and come back. Anyone else's: refuse."""
-        ref = controller_ref(existing) or {}
-        if ref.get("uid") == owner.uid:
+        whose = ownership(existing, owner)
+        if whose == "ours":
             return
         meta = existing["metadata"]
         what = f"{kind} {meta['name']}"
-        if ref.get("kind") == owner.kind and ref.get("name") == owner.name and ref.get("apiVersion") == owner.api_version:
+        if whose == "predecessor":
             # Made by us for an earlier object of the same name; the garbage collector will remove it,
             # deleting it ourselves only makes that sooner. The uid precondition spares any newcomer.
             await self.kube.delete(kind, meta["namespace"], meta["name"], uid=meta["uid"])
@@ -567,9 +577,8 @@ class GraphReconciler:
                 if error.not_found:
                     return []
                 raise
-        ref = controller_ref(existing) or {}
-        if ref.get("uid") == owner.uid or (ref.get("kind"), ref.get("name")) == (owner.kind, owner.name):
-            return []  # ours, or a deleted predecessor's (removed once the component's applies go on)
+        if ownership(existing, owner) != "foreign":
+            return []  # a predecessor's is removed by `_check_owner` once the component's applies go on
         return [f"{manifest['kind']} {manifest['metadata']['name']}"]
 
     async def _prune(
