@@ -322,7 +322,13 @@ def write_report(args: argparse.Namespace, headline: list[tuple[Row, dict[str, e
             f"(TTFT {FAMILY_SLA.ttft_ms:g} ms, ITL {FAMILY_SLA.itl_ms:g} ms, p{FAMILY_SLA.percentile:g}: the family's "
             "long prompts reach Mooncake's). Every policy runs as on the real fluid rows: the same knobs and "
             "sweeps, fleetpilot with the constant and ARIMA predictors, the same scores. No PNGs: the per-seed "
-            "detail is in the tables below."), "", *family_board(headline)] if args.family else []),
+            "detail is in the tables below."), "",
+           *([("The family's fluid step is its planning interval, so no fast-path tick falls between two plans "
+               "(`driver.react_until` ticks at the fleet model's step boundaries inside an interval): here every "
+               "fleetpilot variant runs its predictive loop alone, and `fleetpilot-constant-predictive` matches "
+               "`fleetpilot-constant` on every seed. The fast path is measured on the traces' rows "
+               "(backtest.md)."), ""] if family.STEP_S >= family.INTERVAL_S else []),
+           *family_board(headline)] if args.family else []),
         ("## Per seed: GPU-hours to meet the SLA, as a ratio to the oracle" if args.family
          else "## Headline: GPU-hours to meet the SLA, as a ratio to the oracle"), "", *table, "",
         "## Without tuning: every policy at its default setting", "",

@@ -226,7 +226,8 @@ class _Loop:
         spans several of its periods stands for as many ticks, each on the step's gauges and seeing
         the replicas the last one started (the queue a live loop would see grow between them does
         not grow here). Without that, a loop bounded per tick (fleetpilot's +50%, Dynamo's +1) would
-        be twelve times slower on a 60-s fluid than it runs live every 5 s.
+        be twelve times slower on a 60-s fluid than it runs live every 5 s. A fleet model whose step is
+        the planning interval (the family's fluid) has no boundary inside it: the loop never ticks there.
         """
         period = self.policy.reactive_period_s
         if period is None:
