@@ -835,12 +835,15 @@ def react(
     osl: float | None = None,
     trend: reactive.Trend | None = None,
     ahead: Mapping[sizing.Pool, int] | None = None,
+    readings: tuple[reactive.Reading, ...] = (),
 ) -> reactive.Reaction:
     """The fast path between two intervals (pure): `reactive.react` with the graph's targets and bounds.
 
     `floor` is the last interval's decision; lengths default to the recent intervals' means. `trend`
     and `ahead`: the arrivals' rise and what it needs (`needed_ahead`, sized once per reading by the
-    caller). An aggregated graph has no prefill/decode split to blame: the fast path leaves it alone.
+    caller). `readings`: the arrivals remembered, read at the graph's risk over a startup
+    (`reactive.arrival_quantile`). An aggregated graph has no prefill/decode split to blame: the fast
+    path leaves it alone.
     """
     if not config.disaggregated:
         return reactive.Reaction(dict(floor), ["aggregated graph: no fast path"], False)
@@ -852,7 +855,9 @@ def react(
     if isl > 0 and osl > 0:
         ttft_s, itl_s = sizing.attainable_targets(capacity, isl=isl, osl=osl, ttft_s=ttft_s, itl_s=itl_s)
     reaction = reactive.react(gauges, capacity, isl=isl, osl=osl, ttft_target_s=ttft_s, itl_target_s=itl_s,
-                              floor=floor, bounds=bounds, ahead=ahead, trend=trend)
+                              floor=floor, bounds=bounds, ahead=ahead, trend=trend, startup_s=config.startup_s,
+                              arriving_rps=reactive.arrival_quantile(readings, horizon_s=config.startup_s,
+                                                                     risk=config.risk))
     if config.gpu_budget is None or not reaction.changed:
         return reaction
     # Within the GPU budget the last interval was granted: take back the newest additions first.

@@ -5,8 +5,15 @@ burst nobody forecast breaks the SLA long before the next interval. Every few se
 what the engines say right now (prompt tokens queued for prefill, sequences decoding and waiting for a
 decode slot) and blames the pool that is actually short:
 
-- **prefill** is short when the next prompt would wait longer than the TTFT target allows: its own
-  compute plus the queued tokens per prefill replica at the profile's prompt throughput;
+- **prefill** is short when a prompt arriving a startup from now would still wait longer than the
+  TTFT target allows: the queued prompt tokens, plus what arrives meanwhile beyond what the pool
+  drains, per replica at the profile's prompt throughput. A replica added now serves only after a
+  startup, so a backlog that the pool drains by itself before then (a minute's spike) asks for
+  nothing. What arrives is read at the graph's `risk`: the arrivals' mean rate over the readings
+  kept, plus the risk's normal quantile of how a window of one startup varies around it
+  (`arrival_quantile`: the readings' own spread, never less than Poisson's). When the pool is
+  short it is sized for that rate plus draining the backlog projected a startup ahead within one
+  more startup (`prefill_shortage`): the need it projects;
 - **decode** is short when prefilled requests wait for a decode slot longer than the TTFT target
   allows (their first token waits on a running sequence finishing), or when the ITL at the sequences
   each decode replica holds exceeds its target.
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping
 
 import numpy as np
@@ -150,16 +158,6 @@ class Reaction:
     changed: bool
 
 
-def prefill_wait_s(gauges: Gauges, capacity: capacities.CapacityModel, *, isl: float, replicas: int) -> float:
-    """The next prompt's TTFT from the prefill side: its own compute behind the queue per replica
-    (infinite without a replica: it waits for one to start, which `react` leaves to the wake-up where
-    nothing is queued)."""
-    if replicas <= 0:
-        return math.inf
-    tokens_per_s = capacity.prefill_tokens_per_s(isl).value
-    return capacity.lone_ttft_s(isl).value + gauges.prefill_queued_tokens / replicas / tokens_per_s
-
-
 def decode_wait_s(gauges: Gauges, capacity: capacities.CapacityModel, *, isl: float, osl: float,
                   replicas: int) -> float:
     """How long a request that just joined the decode queue waits for a slot.
@@ -175,6 +173,58 @@ def decode_wait_s(gauges: Gauges, capacity: capacities.CapacityModel, *, isl: fl
     running = gauges.decode_running / replicas
     itl = capacity.itl_s(running, isl + osl / 2.0).value
     return (gauges.decode_waiting / replicas) * osl * itl / (2.0 * running)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillShortage:
+    """A prefill pool still short a startup from now: the backlog then, the wait it means, the need."""
+
+    backlog_ahead_tokens: float
+    wait_ahead_s: float  # behind the backlog, per replica counted
+    needed: int  # replicas that serve the arrivals and drain that backlog within one more startup
+
+
+def prefill_shortage(queued_tokens: float, capacity: capacities.CapacityModel, *, isl: float, replicas: int,
+                     slack_s: float, arriving_rps: float | None, startup_s: float) -> PrefillShortage | None:
+    """Whether the prefill pool (`replicas`, those starting counted as serving) is still short a startup
+    from now, when a replica added now would serve; None if not. A pool at zero with prompts queued
+    is short: nothing drains them.
+
+    The backlog then is what is queued now plus what arrives meanwhile (`arriving_rps` prompts of
+    `isl` tokens; None: as fast as the pool drains) minus what the pool drains. Short: that backlog
+    keeps a prompt waiting past the TTFT slack. The need: the arrivals plus the backlog drained over
+    one more startup (the plan's own horizon: sooner takes replicas the next plan gives back).
+    """
+    if startup_s <= 0:
+        return None
+    tokens_per_s = capacity.prefill_tokens_per_s(isl).value
+    draining = max(replicas, 0) * tokens_per_s
+    arriving = arriving_rps * isl if arriving_rps is not None else draining
+    backlog = max(0.0, queued_tokens + (arriving - draining) * startup_s)
+    if backlog <= slack_s * draining or backlog <= 0:
+        return None
+    needed = math.ceil((arriving + backlog / startup_s) / tokens_per_s - 1e-9)
+    return PrefillShortage(backlog, backlog / draining if draining > 0 else math.inf, needed)
+
+
+def arrival_quantile(readings: tuple[Reading, ...], *, horizon_s: float, risk: float) -> float | None:
+    """The request rate over the next `horizon_s` at quantile `risk`: the readings' mean rate plus the
+    risk's normal quantile of a `horizon_s` window's spread around it; None with too few readings.
+
+    The spread is the readings' own: their rates' variance about the mean per second of reading
+    (weighted by span, as in `rate_ahead`), never below Poisson's at the mean rate, over a window of
+    `horizon_s`. At risk 0.5 it is the mean; bursty arrivals widen it, and a higher risk reads more of it.
+    """
+    usable = [r for r in readings if r.end > r.start]
+    if len(usable) < TREND_MIN_READINGS or horizon_s <= 0:
+        return None
+    spans = np.array([r.end - r.start for r in usable])
+    rates = np.array([max(r.requests, 0.0) for r in usable]) / spans
+    total = float(spans.sum())
+    mean = float(spans @ rates) / total
+    variance = max(float(spans @ (rates - mean) ** 2) / (len(usable) - 1), mean)
+    z = statistics.NormalDist().inv_cdf(risk)
+    return max(mean + z * math.sqrt(variance / horizon_s), 0.0)
 
 
 def _step(active: int, needed: int, high: int) -> int:
@@ -201,12 +251,17 @@ def react(
     bounds: Mapping[Pool, tuple[int, int]],
     ahead: Mapping[Pool, int] | None = None,
     trend: Trend | None = None,
+    arriving_rps: float | None = None,
+    startup_s: float,
 ) -> Reaction:
     """One tick of the fast path for a disaggregated graph (see the module docstring).
 
     `floor` is what the predictive loop last decided; `bounds` each pool's (min, max). `ahead`: the
-    replicas the arrivals' `trend` needs a startup ahead (`core.needed_ahead`), when it rises. The
-    result is at least the floor and at least what is active, within the max.
+    replicas the arrivals' `trend` needs a startup ahead (`core.needed_ahead`), when it rises.
+    `arriving_rps`: the request rate the next `startup_s` brings at the graph's risk
+    (`arrival_quantile`); None where the arrivals are not read, and the pool is taken to drain as
+    fast as prompts arrive. The result is at least the floor and at least what is active, within
+    the max.
     """
     replicas = baseline(gauges, floor=floor, bounds=bounds)
     reasons: list[str] = []
@@ -221,20 +276,21 @@ def react(
               "decode": replicas["decode"] == 0 and gauges.decode_waiting <= 0}
     counted = replicas["prefill"]  # starting replicas count as serving: one shortage, one answer
     own = capacity.lone_ttft_s(isl).value
-    wait = prefill_wait_s(gauges, capacity, isl=isl, replicas=counted)
     slack = ttft_target_s - own
     # A pool with replicas asked for and none serving yet is already answered: its queue says nothing
     # about how many more it needs (at a scale-up from zero it would only grow, tick after tick).
     starting_only = {pool: gauges.ready.get(pool, 0) == 0 and replicas[pool] > 0 for pool in replicas}
-    if wait > ttft_target_s and slack > 0 and not starting_only["prefill"] and not asleep["prefill"]:
-        tokens_per_s = capacity.prefill_tokens_per_s(isl).value
-        needed = math.ceil(gauges.prefill_queued_tokens / (slack * tokens_per_s) - 1e-9)
-        new = _step(counted, needed, bounds["prefill"][1])
-        if new > counted:
-            reasons.append(
-                f"prefill: next prompt would wait {wait:.2f} s for its first token (target {ttft_target_s:.2f} s) "
-                f"behind {gauges.prefill_queued_tokens:.0f} queued tokens: {counted} → {new}")
-            replicas["prefill"], changed = new, True
+    if slack > 0 and not starting_only["prefill"] and not asleep["prefill"]:
+        shortage = prefill_shortage(gauges.prefill_queued_tokens, capacity, isl=isl, replicas=counted,
+                                    slack_s=slack, arriving_rps=arriving_rps, startup_s=startup_s)
+        if shortage is not None:
+            new = _step(counted, shortage.needed, bounds["prefill"][1])
+            if new > counted:
+                reasons.append(
+                    f"prefill: a prompt arriving {startup_s:.0f} s from now would wait {own + shortage.wait_ahead_s:.2f} s "
+                    f"for its first token (target {ttft_target_s:.2f} s) behind {shortage.backlog_ahead_tokens:.0f} "
+                    f"tokens ({gauges.prefill_queued_tokens:.0f} queued now): {counted} → {new}")
+                replicas["prefill"], changed = new, True
 
     counted = replicas["decode"]
     serving = max(gauges.ready.get("decode", 0), 1)

@@ -299,7 +299,8 @@ def _react(config: StepConfig, state: GraphState, reading: QueueReading, *, now:
                              decode_waiting=reading.decode_waiting, ready=reading.fleet.ready, active=current)
     trend, ahead = (arrivals.trend, arrivals.ahead) if arrivals is not None else (None, None)
     reaction = core.react(plan, gauges, state.memory, floor=state.floor, capacity=config.capacity, now=now,
-                          isl=reading.isl, osl=reading.osl, trend=trend, ahead=ahead)
+                          isl=reading.isl, osl=reading.osl, trend=trend, ahead=ahead,
+                          readings=arrivals.readings if arrivals is not None else ())
     if not reaction.changed:
         return dataclasses.replace(unchanged, reasons=tuple(reaction.reasons)), state
     added = {pool: n for pool, n in reaction.replicas.items() if n > current.get(pool, 0)}

@@ -23,6 +23,7 @@ MODEL = capacity.CapacityModel(profiles.from_performance_model(
 TTFT_S, ITL_S = 0.5, 0.05
 ISL, OSL = 2048, 128
 BOUNDS: dict[sizing.Pool, tuple[int, int]] = {"prefill": (1, 16), "decode": (1, 16)}
+STARTUP_S = 120.0
 
 
 def gauges(*, queued: float = 0.0, running: float = 0.0, waiting: float = 0.0, ready: tuple[int, int] = (2, 2),
@@ -37,7 +38,7 @@ def react(g: reactive.Gauges, floor: tuple[int, int] = (2, 2),
           bounds: dict[sizing.Pool, tuple[int, int]] | None = None, itl_target_s: float = ITL_S) -> reactive.Reaction:
     return reactive.react(g, MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S, itl_target_s=itl_target_s,
                           floor={"prefill": floor[0], "decode": floor[1]},
-                          bounds=bounds or BOUNDS)
+                          bounds=bounds or BOUNDS, startup_s=STARTUP_S)
 
 
 def test_a_pool_asleep_at_zero_asks_for_nothing_until_something_waits_for_it() -> None:
@@ -61,16 +62,74 @@ def test_a_quiet_fleet_keeps_its_replicas() -> None:
     assert not reaction.changed and dict(reaction.replicas) == {"prefill": 2, "decode": 2}
 
 
-def test_a_prompt_backlog_adds_prefill_in_proportion_bounded_by_half_the_pool() -> None:
+def test_a_prompt_backlog_adds_the_prefill_it_projects_bounded_by_half_the_pool() -> None:
+    """Arrivals unread (the pool taken to drain as fast as prompts arrive): a backlog a prompt would
+    still wait behind a startup from now adds the replicas that drain it within one more startup."""
     per_s = MODEL.prefill_tokens_per_s(ISL).value
     slack = TTFT_S - MODEL.lone_ttft_s(ISL).value
-    # Just over what 2 replicas drain within the TTFT slack: one more is enough.
+    assert not react(gauges(queued=1.9 * slack * per_s, running=8)).changed  # 2 replicas: under the slack
     reaction = react(gauges(queued=2.2 * slack * per_s, running=8))
     assert reaction.changed and dict(reaction.replicas) == {"prefill": 3, "decode": 2}
     assert "prefill" in reaction.reasons[0]
-    # A backlog for 10 replicas: the step is bounded (2 active → at most 3), never a jump to 10.
-    assert react(gauges(queued=10 * slack * per_s, running=8)).replicas["prefill"] == 3
-    assert react(gauges(queued=10 * slack * per_s, running=8, ready=(8, 2)), floor=(8, 2)).replicas["prefill"] == 10
+    # A backlog worth 6 replica-startups of work on 8 replicas: the need is 8 + 6 = 14, one step is
+    # bounded by half the pool (8 → 12); on 16 replicas the same backlog asks for 16 + 6, capped at the max.
+    backlog = 6 * STARTUP_S * per_s
+    assert react(gauges(queued=backlog, running=8, ready=(8, 2)), floor=(8, 2)).replicas["prefill"] == 12
+    big: dict[sizing.Pool, tuple[int, int]] = {"prefill": (1, 64), "decode": (1, 16)}
+    assert react(gauges(queued=backlog, running=8, ready=(16, 2)), floor=(16, 2), bounds=big).replicas["prefill"] == 22
+
+
+def test_the_backlog_is_projected_a_startup_ahead_at_the_rate_arrivals_bring() -> None:
+    """A replica added now serves a startup from now: a spike's backlog that the pool drains by
+    itself before then asks for nothing; the same backlog with arrivals at the pool's rate, or above
+    it, adds what the arrivals and the backlog then need, not what would empty today's queue within
+    the TTFT slack (a long backlog used to ask for the pool's bound)."""
+    per_s = MODEL.prefill_tokens_per_s(ISL).value
+    slack = TTFT_S - MODEL.lone_ttft_s(ISL).value
+    queued = 20 * slack * per_s  # a prompt now waits ten times the slack on 2 replicas
+    drains = 2 * per_s / ISL * 0.8  # prompts/s at 80% of what 2 replicas prefill: 0.4 replica-rates spare
+    def with_arrivals(rate: float, ready: int = 2) -> reactive.Reaction:
+        return reactive.react(gauges(queued=queued, running=8, ready=(ready, 2)), MODEL, isl=ISL, osl=OSL,
+                              ttft_target_s=TTFT_S, itl_target_s=ITL_S, floor={"prefill": ready, "decode": 2},
+                              bounds={"prefill": (1, 64), "decode": (1, 16)}, arriving_rps=rate, startup_s=STARTUP_S)
+    assert 0.4 * per_s * STARTUP_S > queued  # the spare rate drains the queue within a startup
+    assert not with_arrivals(drains).changed
+    at_capacity = with_arrivals(2 * per_s / ISL)
+    assert at_capacity.replicas["prefill"] == 3  # 2 for the arrivals, and the backlog over a startup needs a third
+    overloaded = with_arrivals(4 * per_s / ISL, ready=8)  # twice what 2 serve, on 8: no shortage
+    assert not overloaded.changed
+    assert with_arrivals(12 * per_s / ISL, ready=8).replicas["prefill"] == 12  # 12 needed, and more: +50% at most
+
+
+def test_the_risk_reads_the_arrivals_spread_over_a_startup() -> None:
+    """`arrival_quantile` is the readings' mean at risk 0.5 and rises with the risk; bursty readings
+    widen it beyond Poisson's, so a backlog the pool drains at the mean rate adds replicas only at a
+    risk that reads the bursts."""
+    steady = tuple(reactive.Reading(5.0 * i, 5.0 * (i + 1), 50.0) for i in range(60))  # 10 req/s
+    bursty = tuple(reactive.Reading(5.0 * i, 5.0 * (i + 1), 200.0 if i % 12 == 0 else 50.0) for i in range(60))
+    mean = reactive.arrival_quantile(steady, horizon_s=120.0, risk=0.5)
+    assert mean == pytest.approx(10.0)
+    poisson = reactive.arrival_quantile(steady, horizon_s=120.0, risk=0.99)
+    assert poisson == pytest.approx(10.0 + 2.326 * math.sqrt(10.0 / 120.0), rel=1e-3)
+    spread = reactive.arrival_quantile(bursty, horizon_s=120.0, risk=0.99)
+    assert spread is not None and spread > poisson + 1.0
+    assert reactive.arrival_quantile(steady[:3], horizon_s=120.0, risk=0.9) is None
+    # A backlog that 2 replicas drain within a startup at the mean rate, not at its 0.99 quantile.
+    per_s = MODEL.prefill_tokens_per_s(ISL).value
+    capacity_rps = 2 * per_s / ISL
+    scale = 0.9 * capacity_rps / float(np.mean([r.requests / 5.0 for r in bursty]))
+    readings = tuple(dataclasses.replace(r, requests=r.requests * scale) for r in bursty)
+    low = reactive.arrival_quantile(readings, horizon_s=120.0, risk=0.5)
+    high = reactive.arrival_quantile(readings, horizon_s=120.0, risk=0.99)
+    assert low is not None and high is not None and low < capacity_rps < high
+    queued = 0.5 * (capacity_rps - low) * ISL * 120.0
+    assert queued > 2 * per_s * (TTFT_S - MODEL.lone_ttft_s(ISL).value)  # a prompt waits past the target now
+    def at(rate: float) -> reactive.Reaction:
+        return reactive.react(gauges(queued=queued, running=8), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S,
+                              itl_target_s=ITL_S, floor={"prefill": 2, "decode": 2}, bounds=BOUNDS,
+                              arriving_rps=rate, startup_s=STARTUP_S)
+    assert not at(low).changed
+    assert at(high).changed
 
 
 def test_replicas_still_starting_count_as_the_answer_to_a_shortage() -> None:
@@ -113,9 +172,9 @@ def test_never_below_the_floor_nor_above_the_max() -> None:
 
 def test_no_lengths_no_reaction() -> None:
     reaction = reactive.react(gauges(queued=1e9), MODEL, isl=0.0, osl=0.0, ttft_target_s=TTFT_S,
-                              itl_target_s=ITL_S, floor={"prefill": 2, "decode": 2}, bounds=BOUNDS)
+                              itl_target_s=ITL_S, floor={"prefill": 2, "decode": 2}, bounds=BOUNDS,
+                              startup_s=STARTUP_S)
     assert not reaction.changed
-    assert math.isinf(reactive.prefill_wait_s(gauges(), MODEL, isl=ISL, replicas=0))
 
 
 # -- in the backtest -------------------------------------------------------------------------------------
@@ -250,16 +309,16 @@ def test_a_trend_adds_what_it_needs_ahead_in_bounded_steps_and_only_up() -> None
     trend = reactive.Trend(rate_now_rps=10.0, rate_ahead_rps=20.0, lead_s=125.0, rise_rps_per_s=0.08)
     reaction = reactive.react(gauges(running=8), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S, itl_target_s=ITL_S,
                               floor={"prefill": 2, "decode": 2}, bounds=BOUNDS,
-                              ahead={"prefill": 6, "decode": 3}, trend=trend)
+                              ahead={"prefill": 6, "decode": 3}, trend=trend, startup_s=STARTUP_S)
     assert reaction.changed and dict(reaction.replicas) == {"prefill": 3, "decode": 3}
     assert any("arrivals rising" in why for why in reaction.reasons)
     # Fewer than the fleet runs: nothing to take away (scale-down stays with the plan).
     calm = reactive.react(gauges(running=8, ready=(4, 4)), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S,
                           itl_target_s=ITL_S, floor={"prefill": 4, "decode": 4}, bounds=BOUNDS,
-                          ahead={"prefill": 2, "decode": 2}, trend=trend)
+                          ahead={"prefill": 2, "decode": 2}, trend=trend, startup_s=STARTUP_S)
     assert not calm.changed and dict(calm.replicas) == {"prefill": 4, "decode": 4}
     # Never past the max.
     capped = reactive.react(gauges(running=8, ready=(8, 2)), MODEL, isl=ISL, osl=OSL, ttft_target_s=TTFT_S,
                             itl_target_s=ITL_S, floor={"prefill": 8, "decode": 2}, bounds={"prefill": (1, 9), "decode": (1, 16)},
-                            ahead={"prefill": 30, "decode": 2}, trend=trend)
+                            ahead={"prefill": 30, "decode": 2}, trend=trend, startup_s=STARTUP_S)
     assert capped.replicas["prefill"] == 9

@@ -148,3 +148,37 @@ def test_a_graph_that_may_not_sleep_is_never_asleep(held: float) -> None:
     decision, state = step.step(config(), step.GraphState(asleep=True), step.DemandReading(
         demand=zero.Demand(held=held, inflight=held, idle_s=900), fleet=fleet(1, 1)), now=0.0)
     assert decision.kind == "none" and not state.asleep
+
+
+def test_the_fast_path_reads_the_arrivals_at_the_graphs_risk() -> None:
+    """The same bursty arrivals and the same prompt backlog: a graph at risk 0.5 sizes for their mean
+    rate, which its two prefill replicas serve with room to drain the backlog within a startup, and adds
+    nothing; at risk 0.99 it reads the bursts, finds the backlog still there a startup ahead, and adds.
+    (The fleet is not changed between readings: each is judged against the same two replicas.)"""
+    from fleetpilot.planner import reactive
+
+    isl = 1500.0
+    per_s = MODEL.prefill_tokens_per_s(isl).value
+    capacity_rps = 2 * per_s / isl
+    decisions = {}
+    for risk in (0.5, 0.99):
+        cfg = config(risk=risk)
+        current = fleet(2, 2)
+        decision, state = step.step(cfg, step.GraphState(), step.IntervalReading(observation=busy(), fleet=current),
+                                    now=0.0)
+        counted = 0.0
+        for k in range(1, 61):  # five minutes of 5-s readings at 90% of the pool's rate, every twelfth a burst
+            counted += 5.0 * 0.9 * capacity_rps * (3.2 if k % 12 == 0 else 0.8)
+            quiet = step.QueueReading(fleet=current, decode_running=0, decode_waiting=0, prefill_queued_tokens=0.0,
+                                      started=counted, isl=isl, osl=200)
+            decision, state = step.step(cfg, state, quiet, now=5.0 * k)
+            assert decision.kind == "none" or risk == 0.99  # at 0.99 the bursts alone may be a shortage ahead
+        assert state.arrivals is not None
+        mean = reactive.arrival_quantile(state.arrivals.readings, horizon_s=cfg.plan.startup_s, risk=0.5)
+        assert mean is not None and mean < capacity_rps
+        backlog = 0.5 * (capacity_rps - mean) * isl * cfg.plan.startup_s  # the mean rate drains it in half a startup
+        reading = step.QueueReading(fleet=current, decode_running=0, decode_waiting=0, prefill_queued_tokens=backlog,
+                                    started=counted, isl=isl, osl=200)
+        decisions[risk], _ = step.step(cfg, state, reading, now=305.0)
+    assert decisions[0.5].kind == "none"
+    assert decisions[0.99].kind == "fast-path" and decisions[0.99].replicas["prefill"] > 2
