@@ -16,12 +16,11 @@ its sum's growth over its count's, for TTFT and for the request duration. Report
 histogram ÷ client (1.000 is perfect agreement; the goal is within 3%).
 
 Three frontends serve the same workers, taking turns in rounds so that the machine's load, which
-drifts, falls on each alike: `arrival` as shipped (the clock starts at the request's arrival in the
-ASGI app, `app.StampArrival`); `handler` (the same code with that middleware passing requests through
-unstamped, so the handler starts the clock when it runs); `head parsed`, a diagnostic: the same code
-with the clock started by uvicorn's httptools protocol when it has parsed the request head, before
-the app's task waits for its first turn on the event loop (it patches uvicorn's internals: it shows
-what an HTTP-server-level stamp would add, and is not how the frontend runs).
+drifts, falls on each alike: `arrival` as shipped (the clock starts when uvicorn's protocol has parsed
+the request's first bytes, `cli.ArrivalStampingProtocol`); `app entry` (the same code served by
+uvicorn's plain protocol, so `app.StampArrival` starts the clock when the app first runs for the
+request, after the head is parsed and the app's task has had its first turn on the event loop);
+`handler` (neither stamps, so the request handler starts the clock when it runs).
 
 Run: `~/.cache/fleetpilot/venv/bin/python benchmarks/frontend_ttft.py [--requests 96] [--concurrency 1,8]
 [--modes aggregated,disaggregated]` (about 10 minutes on 2 busy cores). Writes benchmarks/results/frontend_ttft.md.
@@ -61,22 +60,15 @@ _LAUNCH = "import sys, time\nfrom fleetpilot import cli\nfrom fleetpilot.fronten
           "sys.exit(cli.main(sys.argv[1:]))\n"
 PATCHES = {
     "arrival": "",
-    # StampArrival passes requests through unstamped: Frontend.handle starts the clock itself.
-    "handler": ("async def passthrough(self, scope, receive, send):\n"
+    # The server's protocol stamps nothing: StampArrival stamps when the app first runs for the request.
+    "app entry": ("from fleetpilot.frontend import cli as frontend_cli\n"
+                  "frontend_cli.http_protocol = lambda choice: choice\n"),
+    # Neither stamps: Frontend.handle starts the clock itself.
+    "handler": ("from fleetpilot.frontend import cli as frontend_cli\n"
+                "frontend_cli.http_protocol = lambda choice: choice\n"
+                "async def passthrough(self, scope, receive, send):\n"
                 "    await self.app(scope, receive, send)\n"
                 "app.StampArrival.__call__ = passthrough\n"),
-    # uvicorn's httptools protocol stamps the scope once it has parsed the head (it then creates the app's
-    # task); StampArrival keeps that stamp instead of its own.
-    "head parsed": ("from uvicorn.protocols.http import httptools_impl\n"
-                    "parsed = httptools_impl.HttpToolsProtocol.on_headers_complete\n"
-                    "def on_headers_complete(self):\n"
-                    "    self.scope[app.ARRIVED] = time.monotonic()\n"
-                    "    parsed(self)\n"
-                    "httptools_impl.HttpToolsProtocol.on_headers_complete = on_headers_complete\n"
-                    "async def keep(self, scope, receive, send):\n"
-                    "    scope.setdefault(app.ARRIVED, time.monotonic())\n"
-                    "    await self.app(scope, receive, send)\n"
-                    "app.StampArrival.__call__ = keep\n"),
 }
 
 
@@ -307,8 +299,8 @@ def main() -> int:
          "with content (request: to the stream's end); `socket`: a bare HTTP/1.1 client, from writing the "
          "request to reading the first chunk with content (request: to the last chunk). Histogram: the "
          "frontend's `_sum` / `_count` growth over the row. Frontend clock `arrival`: as shipped (the "
-         "request's arrival in the ASGI app); `handler`: started by the request handler; `head parsed`: "
-         "a diagnostic, started when uvicorn has parsed the request head (see the script's docstring)."), "",
+         "server's protocol stamps the request when its first bytes are parsed); `app entry`: stamped when "
+         "the ASGI app first runs for it; `handler`: started by the request handler."), "",
         ("| mode | concurrency | client | frontend clock | requests | failed | client TTFT ms | histogram TTFT ms "
          "| TTFT histogram ÷ client | client request ms | histogram request ms | request histogram ÷ client |"),
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -68,7 +68,8 @@ KEEPALIVE_EXPIRY_S = 4.0
 #: What a 503 tells a client to wait before it tries again: about what a held request would have
 #: waited for a replica to start, short enough that a client retrying sees the workers come up.
 RETRY_AFTER_S = 10
-#: The ASGI scope key holding the request's arrival (time.monotonic()), stamped by `StampArrival`.
+#: The ASGI scope key holding the request's arrival (time.monotonic()): stamped by the server's protocol
+#: (`cli.ArrivalStampingProtocol`) or else by `StampArrival`.
 ARRIVED = "fleetpilot.arrived"
 
 
@@ -121,14 +122,14 @@ def chunk_text(chunk: dict[str, Any]) -> str:
 
 class StampArrival:
     """ASGI middleware, outermost but for Starlette's error handler: stamps each HTTP request's scope with
-    its arrival, the first moment the app runs for it (uvicorn starts the app's task once it has parsed
-    the request head; the body comes later, through `receive`).
+    its arrival unless the server already has (`fleetpilot frontend` serves through
+    `cli.ArrivalStampingProtocol`, which stamps when the request's first bytes are parsed).
 
     TTFT, request duration and prefill time count from this stamp, so that receiving and parsing the
     body, validation, holding and whatever runs before the handler builds its tracker all fall inside
-    them, as they do for the client. Before the stamp, out of the app's sight: the socket, uvicorn's
-    parsing of the head, and the new task's wait for its first turn on the event loop, which grows with
-    the requests in flight (benchmarks/frontend_ttft.py measures what is left).
+    them, as they do for the client. Stamped here, at the first moment the app runs for the request,
+    the clock misses uvicorn's parsing of the head and the new task's wait for its first turn on the
+    event loop, which grows with the requests in flight (benchmarks/frontend_ttft.py measures both).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -136,7 +137,7 @@ class StampArrival:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            scope[ARRIVED] = time.monotonic()
+            scope.setdefault(ARRIVED, time.monotonic())
         await self.app(scope, receive, send)
 
 

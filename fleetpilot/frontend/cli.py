@@ -7,13 +7,40 @@ accepting connections, and lets in-flight streams finish within `--drain-seconds
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.util
 import logging
+import time
 from typing import Any
 
 import uvicorn
 
 from fleetpilot.frontend import app as app_mod
 from fleetpilot.frontend import discovery, routing
+
+
+def _stamping_protocol() -> type[asyncio.Protocol] | None:
+    """uvicorn's httptools protocol with each request's scope stamped (`app.ARRIVED`) the moment its first
+    bytes are parsed, before uvicorn reads the rest of the head and starts the app's task (None without
+    httptools). The app's own stamp (`app.StampArrival`) would start the clock only once that task first
+    runs, which, with many streams in flight, is after a wait on the event loop the client's clock counts."""
+    if importlib.util.find_spec("httptools") is None:
+        return None
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class ArrivalStampingProtocol(HttpToolsProtocol):
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope[app_mod.ARRIVED] = time.monotonic()  # type: ignore[literal-required]
+
+    return ArrivalStampingProtocol
+
+
+def http_protocol(choice: str) -> type[asyncio.Protocol] | str:
+    """What uvicorn parses HTTP with for `--http`: the stamping httptools protocol for auto and
+    httptools where httptools is installed, else uvicorn's own choice (the app stamps arrivals then)."""
+    stamping = _stamping_protocol() if choice in ("auto", "httptools") else None
+    return stamping or choice
 
 
 class DrainingServer(uvicorn.Server):
@@ -53,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     frontend = build(args)
     config = uvicorn.Config(frontend.app(), host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=args.drain_seconds, backlog=4096, http=args.http, loop=args.loop)
+                            timeout_graceful_shutdown=args.drain_seconds, backlog=4096, http=http_protocol(args.http),
+                            loop=args.loop)
     DrainingServer(config, frontend).run()
     return 0
 
