@@ -11,14 +11,16 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from fleetpilot.api import contract
 from fleetpilot.devcluster import cluster as devcluster
 
-from .conftest import Kubectl, OperatorProcess, condition, wait_for
+from .conftest import ChartIdentities, Kubectl, OperatorProcess, condition, render_chart, wait_for
 from .test_operator import graph, ready, simulator_graph
 
 pytestmark = pytest.mark.integration
@@ -132,3 +134,48 @@ def test_a_graph_no_planner_acts_on_says_so_and_a_planner_takes_the_condition_ba
                      what="NoPlanner again once the planner falls silent")
     assert "the last decision was at" in stale["message"]
     assert datetime.datetime.now(datetime.UTC) - decided >= datetime.timedelta(seconds=19)
+
+
+@pytest.fixture
+def bounds_policy(kubectl: Kubectl, chart_identities: ChartIdentities) -> Iterator[None]:
+    """The chart's ValidatingAdmissionPolicy and its binding, as `helm install` applies them; removed after."""
+    documents = [doc for doc in render_chart(namespace=chart_identities.namespace)
+                 if doc["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    assert len(documents) == 2, [doc["kind"] for doc in documents]
+    kubectl.run("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(documents))
+    yield
+    for doc in documents:
+        kubectl.run("delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found")
+
+
+def test_a_components_bounds_are_written_by_the_operator_alone(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, bounds_policy: None
+) -> None:
+    """With the chart's admission policy, a DGC's minReplicas/maxReplicas patched by anyone but the operator's
+    ServiceAccount is refused, naming the field and the graph field to change instead; replicas within the
+    bounds stay anyone's to scale, and the graph's bounds, changed where they live, reach the component."""
+    kubectl.apply(simulator_graph("bounded", prefill={"replicas": 1}, decode={"replicas": 1, "scaling": {"min": 1, "max": 4}}),
+                  namespace)
+    wait_for(lambda: ready(kubectl, namespace, "bounded"), what="Ready")
+
+    def patch(field: str, value: int, *flags: str) -> Any:
+        return kubectl.run("patch", "dgc/bounded-decode", "-n", namespace, "--type=merge",
+                           "-p", json.dumps({"spec": {field: value}}), *flags, check=False)
+
+    # The policy takes a moment to reach the apiserver's admission chain after it is created: probed with
+    # server-side dry runs (admission judges them too, and they change nothing).
+    wait_for(lambda: patch("maxReplicas", 50, "--dry-run=server").returncode != 0, timeout=30,
+             what="the admission policy in force")
+    refused = patch("maxReplicas", 50)
+    assert refused.returncode != 0
+    assert ("spec.maxReplicas: component bounded-decode takes its bounds from DynamoGraph bounded: change "
+            "spec.components.decode.scaling.max there") in refused.stderr, refused.stderr
+    refused = patch("minReplicas", 0)
+    assert refused.returncode != 0 and "spec.components.decode.scaling.min" in refused.stderr, refused.stderr
+    dgc = kubectl.json("get", "dgc", "bounded-decode", "-n", namespace)["spec"]
+    assert (dgc["minReplicas"], dgc["maxReplicas"]) == (1, 4)
+    kubectl.run("scale", "dgc/bounded-decode", "--replicas=3", "-n", namespace)  # within the bounds: anyone's
+    kubectl.run("patch", "dynamograph/bounded", "-n", namespace, "--type=merge",
+                "-p", json.dumps({"spec": {"components": {"decode": {"scaling": {"max": 6}}}}}))
+    wait_for(lambda: kubectl.json("get", "dgc", "bounded-decode", "-n", namespace)["spec"]["maxReplicas"] == 6,
+             timeout=30, what="the graph's new max written to the component by the operator")

@@ -367,6 +367,8 @@ def test_default_render_has_the_expected_objects() -> None:
         ("Service", NAMESPACE, "fleetpilot-planner-metrics"),
         ("PodDisruptionBudget", NAMESPACE, "fleetpilot-operator"),
         ("PodDisruptionBudget", NAMESPACE, "fleetpilot-planner"),
+        ("ValidatingAdmissionPolicy", "", "fleetpilot-component-bounds"),
+        ("ValidatingAdmissionPolicyBinding", "", "fleetpilot-component-bounds"),
         *[("ConfigMap", NAMESPACE, f"fleetpilot-dashboard-{p.stem}") for p in DASHBOARDS],
     ])
     for component in ("operator", "planner"):
@@ -658,3 +660,22 @@ def test_samples_are_dynamographs() -> None:
 if __name__ == "__main__":  # print the expressions, for a person or a script evaluating them elsewhere
     for where, expr in promql_expressions():
         sys.stdout.write(f"{where}\t{' '.join(expr.split())}\n")
+
+
+def test_component_bounds_are_the_operators_alone_to_write() -> None:
+    """The admission policy lets only the release's operator ServiceAccount change a DGC's bounds, and its
+    binding covers the watched namespaces only when the chart is told them; it can be left out."""
+    docs = render_chart()
+    policy = one(docs, "ValidatingAdmissionPolicy", "fleetpilot-component-bounds")
+    (operator,) = policy["spec"]["variables"]
+    assert operator["expression"] == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:fleetpilot-operator"'
+    assert [rule["resources"] for rule in policy["spec"]["matchConstraints"]["resourceRules"]] == [["dynamographcomponents"]]
+    fields = [v["messageExpression"].split(":")[0].strip('"') for v in policy["spec"]["validations"]]
+    assert fields == ["spec.minReplicas", "spec.maxReplicas"]
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "fleetpilot-component-bounds")
+    assert binding["spec"]["validationActions"] == ["Deny"] and "matchResources" not in binding["spec"]
+    scoped = render_chart("--set", "watchNamespaces={a,b}")
+    selector = one(scoped, "ValidatingAdmissionPolicyBinding", "fleetpilot-component-bounds")["spec"]["matchResources"]
+    assert selector["namespaceSelector"]["matchExpressions"][0]["values"] == ["a", "b"]
+    off = render_chart("--set", "admissionPolicy.enabled=false")
+    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
