@@ -117,6 +117,15 @@ def read_arrivals(readings: tuple[Reading, ...], reading: Reading, *, startup_s:
     return kept, rate_ahead(kept, lead_s=startup_s + max(period_s, reading.end - reading.start))
 
 
+def _spans_and_rates(readings: tuple[Reading, ...]) -> tuple[list[Reading], np.ndarray, np.ndarray]:
+    """The readings that span time, their spans, and the arrival rate of each (`rate_ahead` and
+    `arrival_quantile` weight each rate by its span)."""
+    usable = [r for r in readings if r.end > r.start]
+    spans = np.array([r.end - r.start for r in usable])
+    rates = np.array([max(r.requests, 0.0) for r in usable]) / spans if usable else np.array([])
+    return usable, spans, rates
+
+
 def rate_ahead(readings: tuple[Reading, ...], *, lead_s: float, z: float = TREND_Z) -> Trend | None:
     """The arrival rate `lead_s` after the last reading when the arrivals rise beyond their noise; None
     when they do not (or there are too few readings).
@@ -125,13 +134,11 @@ def rate_ahead(readings: tuple[Reading, ...], *, lead_s: float, z: float = TREND
     taken below Poisson's at the mean rate. The slope must clear `z` standard errors; the rate returned
     is the projection's lower bound at `z`.
     """
-    usable = [r for r in readings if r.end > r.start]
+    usable, spans, rates = _spans_and_rates(readings)
     if len(usable) < TREND_MIN_READINGS:
         return None
     now = usable[-1].end
     t = np.array([(r.start + r.end) / 2.0 - now for r in usable])
-    spans = np.array([r.end - r.start for r in usable])
-    rates = np.array([max(r.requests, 0.0) for r in usable]) / spans
     total = float(spans.sum())
     t_mean, rate_mean = float(spans @ t) / total, float(spans @ rates) / total
     spread = float(spans @ (t - t_mean) ** 2)
@@ -201,7 +208,7 @@ def prefill_shortage(queued_tokens: float, capacity: capacities.CapacityModel, *
     draining = max(replicas, 0) * tokens_per_s
     arriving = arriving_rps * isl if arriving_rps is not None else draining
     backlog = max(0.0, queued_tokens + (arriving - draining) * startup_s)
-    if backlog <= slack_s * draining or backlog <= 0:
+    if backlog <= slack_s * draining:  # the caller's slack is positive: an empty backlog is never short
         return None
     needed = math.ceil((arriving + backlog / startup_s) / tokens_per_s - 1e-9)
     return PrefillShortage(backlog, backlog / draining if draining > 0 else math.inf, needed)
@@ -215,11 +222,9 @@ def arrival_quantile(readings: tuple[Reading, ...], *, horizon_s: float, risk: f
     (weighted by span, as in `rate_ahead`), never below Poisson's at the mean rate, over a window of
     `horizon_s`. At risk 0.5 it is the mean; bursty arrivals widen it, and a higher risk reads more of it.
     """
-    usable = [r for r in readings if r.end > r.start]
+    usable, spans, rates = _spans_and_rates(readings)
     if len(usable) < TREND_MIN_READINGS or horizon_s <= 0:
         return None
-    spans = np.array([r.end - r.start for r in usable])
-    rates = np.array([max(r.requests, 0.0) for r in usable]) / spans
     total = float(spans.sum())
     mean = float(spans @ rates) / total
     variance = max(float(spans @ (rates - mean) ** 2) / (len(usable) - 1), mean)
