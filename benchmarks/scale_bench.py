@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import concurrent.futures
 import datetime
 import json
 import math
@@ -242,6 +243,8 @@ class AuditCount:
 
     total: int = 0
     by_call: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: LISTs and WATCHes with no labelSelector, by resource: the API server sends every object of the kind.
+    unselected: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def per_second(self, seconds: float) -> float:
         return self.total / seconds if seconds > 0 else math.nan
@@ -267,6 +270,8 @@ def count_requests(audit_logs: list[Path], *, user: str, start: datetime.datetim
                 resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
                 count.total += 1
                 count.by_call[f"{event['verb']} {resource}"] += 1
+                if event["verb"] in ("list", "watch") and "labelSelector=" not in event.get("requestURI", ""):
+                    count.unselected[resource] += 1
     return count
 
 
@@ -436,6 +441,37 @@ def measure_planner(*, cluster: devcluster.Cluster, client: Api, namespace: str,
         stage.stop()
 
 
+FOREIGN_NAMESPACE = "other-teams"
+
+
+def fill_foreign(client: Api, *, pods: int, configmaps: int, workers: int = 16) -> float:
+    """Other teams' objects, none of them the operator's: `pods` Pods held before scheduling (a scheduling
+    gate: no node runs them, the scheduler only queues them) and `configmaps` ConfigMaps of 1 KiB, in
+    FOREIGN_NAMESPACE. Returns the seconds it took."""
+    started = time.monotonic()
+    client.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                  "metadata": {"name": FOREIGN_NAMESPACE}})
+
+    def pod(i: int) -> None:
+        client.request("POST", f"/api/v1/namespaces/{FOREIGN_NAMESPACE}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"web-{i:06d}", "labels": {"app.kubernetes.io/name": "web", "team": f"t{i % 50}"}},
+            "spec": {"schedulingGates": [{"name": "example.com/hold"}],
+                     "containers": [{"name": "web", "image": "nginx:1.27", "ports": [{"containerPort": 80}],
+                                     "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}})
+
+    def configmap(i: int) -> None:
+        client.request("POST", f"/api/v1/namespaces/{FOREIGN_NAMESPACE}/configmaps", {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"settings-{i:06d}", "labels": {"team": f"t{i % 50}"}},
+            "data": {"settings.yaml": "x" * 1024}})
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(pod, range(pods)))
+        list(pool.map(configmap, range(configmaps)))
+    return time.monotonic() - started
+
+
 def install_crds(cluster: devcluster.Cluster, folder: Path) -> None:
     env = {**os.environ, "KUBECONFIG": str(cluster.config.kubeconfig)}
     kubectl = str(devcluster.k8s_bin("kubectl"))
@@ -566,6 +602,7 @@ def measure(variant: Variant, *, cluster: devcluster.Cluster, client: Api, kubec
         "api_requests_at_rest": rest.total,
         "api_requests_at_rest_per_s": round(rest.per_second(rest_seconds), 3),
         "at_rest_by_call": dict(rest.by_call.most_common()),
+        "unselected_list_watch_cold": dict(cold.unselected.most_common()),
         "scale_reflected_p50_s": round(statistics.median(scale_times), 3) if scale_times else None,
         "scale_reflected_p99_s": round(scale_times[min(len(scale_times) - 1, math.ceil(0.99 * len(scale_times)) - 1)], 3)
         if scale_times else None,
@@ -591,6 +628,21 @@ def planner_only(*, cluster: devcluster.Cluster, client: Api, graphs: int, log_d
     return {"variant": "planner only", "graphs": graphs, "planner": planning}
 
 
+def print_foreign(rows: list[dict[str, Any]]) -> None:
+    """Each operator's figures in the crowded cluster as a ratio to the same graphs in the empty one."""
+    crowded = [row for row in rows if row.get("foreign", {}).get("pods") or row.get("foreign", {}).get("configmaps")]
+    for row in crowded:
+        (alone,) = [r for r in rows if r["variant"] == row["variant"] and r["graphs"] == row["graphs"]
+                    and not (r.get("foreign", {}).get("pods") or r.get("foreign", {}).get("configmaps"))]
+        figures = [(name, alone[key], row[key]) for name, key in [
+            ("peak RSS MB", "peak_rss_mb"), ("CPU-s cold", "cpu_seconds_cold"), ("CPU-s at rest", "cpu_seconds_at_rest"),
+            ("requests cold", "api_requests_cold"), ("requests/s at rest", "api_requests_at_rest_per_s")]]
+        print(f"  {row['variant']}, {row['graphs']} graphs, empty cluster vs {row['foreign']['pods']} foreign pods and"
+              f" {row['foreign']['configmaps']} configmaps: " + "; ".join(
+                  f"{name} {a} -> {b} ({b / a:.2f}x)" if a else f"{name} {a} -> {b}" for name, a, b in figures))
+        print(f"    LIST/WATCH without a labelSelector at cold start: {row['unselected_list_watch_cold'] or 'none'}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--graphs", default="100", help="comma-separated graph counts (default 100)")
@@ -613,6 +665,9 @@ def main() -> int:
                              " --no-planner when above 1)")
     parser.add_argument("--controller-qps", type=int, default=None,
                         help="kube-controller-manager's --kube-api-qps (burst twice that); default: Kubernetes' 20")
+    parser.add_argument("--foreign-pods", type=int, default=0,
+                        help="measure again after creating this many Pods of other teams (and --foreign-configmaps)")
+    parser.add_argument("--foreign-configmaps", type=int, default=0)
     parser.add_argument("--serve-contract", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--namespace", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -646,19 +701,29 @@ def main() -> int:
                 rows.append(planner_only(cluster=cluster, client=client, graphs=graphs, log_dir=config.folder / "logs",
                                          scrape_s=args.scrape_seconds))
                 print(f"  {json.dumps(rows[-1])}", flush=True)
-            for graphs in [] if args.planner_only else counts:
-                for variant in variants:
-                    if variant.pythonpath is not None and graphs not in compare_at:
-                        continue
-                    rows.append(measure(variant, cluster=cluster, client=client, kubeconfig=kubeconfig, graphs=graphs,
-                                        rest_seconds=args.rest_seconds, scale_samples=args.scale_samples,
-                                        log_dir=config.folder / "logs",
-                                        planner=not args.no_planner and variant.pythonpath is None,
-                                        scrape_s=args.scrape_seconds, namespaces_n=args.namespaces))
-                    rows[-1]["controller_manager_qps"] = args.controller_qps or DEFAULT_CONTROLLER_QPS
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")  # so far: a long run keeps its rows
-                    print(f"  {json.dumps(rows[-1])}", flush=True)
+            # The cluster empty but for the graphs; then, with --foreign-pods/--foreign-configmaps, the same again
+            # in a cluster that also holds other teams' objects.
+            crowds = [(0, 0)] + ([(args.foreign_pods, args.foreign_configmaps)]
+                                 if args.foreign_pods or args.foreign_configmaps else [])
+            for foreign_pods, foreign_configmaps in [] if args.planner_only else crowds:
+                if foreign_pods or foreign_configmaps:
+                    took = fill_foreign(client, pods=foreign_pods, configmaps=foreign_configmaps)
+                    print(f"  {foreign_pods} foreign pods and {foreign_configmaps} foreign configmaps made in"
+                          f" {took:.0f}s", flush=True)
+                for graphs in counts:
+                    for variant in variants:
+                        if variant.pythonpath is not None and graphs not in compare_at:
+                            continue
+                        rows.append(measure(variant, cluster=cluster, client=client, kubeconfig=kubeconfig,
+                                            graphs=graphs, rest_seconds=args.rest_seconds,
+                                            scale_samples=args.scale_samples, log_dir=config.folder / "logs",
+                                            planner=not args.no_planner and variant.pythonpath is None,
+                                            scrape_s=args.scrape_seconds, namespaces_n=args.namespaces))
+                        rows[-1]["controller_manager_qps"] = args.controller_qps or DEFAULT_CONTROLLER_QPS
+                        rows[-1]["foreign"] = {"pods": foreign_pods, "configmaps": foreign_configmaps}
+                        out.parent.mkdir(parents=True, exist_ok=True)
+                        out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")  # a long run keeps its rows
+                        print(f"  {json.dumps(rows[-1])}", flush=True)
         finally:
             if not args.keep:
                 cluster.down(quiet=True)
@@ -667,6 +732,7 @@ def main() -> int:
         out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
         print(f"\nwrote {out}")
         return 0
+    print_foreign(rows)
     header = (f"{'operator':16} {'graphs':>6} {'reconciled':>10} {'Ready':>7} {'RSS MB':>7} {'CPU cold':>8}"
               f" {'req cold':>8} {'req/s rest':>10} {'scale p50':>9} {'scale p99':>9}")
     print("\n" + header)

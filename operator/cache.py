@@ -105,6 +105,22 @@ def index_key(kind: str, namespace: str, name: str, labels: Mapping[str, str]) -
     return (namespace, graph) if graph else None
 
 
+def owning_graph(body: Mapping[str, Any]) -> IndexKey | None:
+    """The graph an object belongs to by its controller owner reference: the graph itself, or the
+    DynamoGraphComponent `<graph>-<component>` (contract.child_name) of one of its components."""
+    meta = body.get("metadata", {})
+    for ref in meta.get("ownerReferences") or ():
+        if not ref.get("controller") or not str(ref.get("apiVersion", "")).startswith(f"{api.GROUP}/"):
+            continue
+        if ref.get("kind") == api.GRAPH_KIND:
+            return (meta.get("namespace") or "", ref["name"])
+        if ref.get("kind") == api.COMPONENT_KIND:
+            for component in api.ALL_COMPONENTS:
+                if ref["name"].endswith(f"-{component}"):
+                    return (meta.get("namespace") or "", ref["name"][: -len(component) - 1])
+    return None
+
+
 def _newer(candidate: str, than: str) -> bool:
     """Whether resourceVersion `candidate` is later than `than` (etcd revisions; unknown: not newer)."""
     try:

@@ -9,8 +9,15 @@ then watches it, and two handlers see each event:
 - an **event** handler enqueues the graph: a change to the graph at once; a change to a child
   (its DynamoGraphComponent, Deployment, Service, PodDisruptionBudget, ServiceAccount, Role,
   RoleBinding, ConfigMap or Pod) after a short pause, so a burst of them costs one reconcile, except
-  what a user asked for — a spec change such as `kubectl scale`, a child deleted by hand — which goes
-  at once and ahead of status-only events in the queue (`GraphReconciler.priority_of`).
+  what a user asked for — a spec change such as `kubectl scale`, a child deleted or relabelled by
+  hand — which goes at once and ahead of status-only events in the queue (`GraphReconciler.priority_of`).
+
+**The API server selects what the operator sees.** Every child kind is watched with a
+`labelSelector` (kopf's `settings.watching.label_selectors`, sent on its LIST and WATCH requests),
+so other teams' Pods and ConfigMaps never reach the process: its memory and CPU follow what it owns.
+A child that loses a selected label stops matching, and the API server then sends DELETED for it
+(ADR 0071): its graph's next pass goes at once, finds the child missing, is refused the create,
+reads the object, finds its own owner reference and applies it back, labels included.
 
 Only index and event handlers are used, so kopf writes nothing onto user objects: no finalizers,
 no annotations, no status fields of its own.
@@ -30,10 +37,15 @@ from fleetpilot.api import v1alpha1 as api
 from fleetpilot.operator import cache, reconciler, render, workqueue
 
 CHILD_EVENT_DELAY_SECONDS = float(os.environ.get("FLEETPILOT_CHILD_EVENT_DELAY_SECONDS", "0.3"))
-#: Children the operator made. Pods are selected on the graph label alone: the Deployment's pod
-#: template carries it, and kubectl-made test pods may omit managed-by.
-CHILD_SELECTOR: dict[str, Any] = {contract.LABEL_GRAPH: kopf.PRESENT, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
-POD_SELECTOR: dict[str, Any] = {contract.LABEL_GRAPH: kopf.PRESENT}
+#: What the API server sends of each child kind: what the operator made. Pods are selected on the graph
+#: label alone: the Deployment's pod template carries it, and kubectl-made test pods may omit managed-by.
+CHILD_SELECTOR = f"{contract.LABEL_GRAPH},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+POD_SELECTOR = contract.LABEL_GRAPH
+
+
+def label_selector(kind: str) -> str | None:
+    """The labelSelector of a kind's LIST and WATCH; None for the graphs, which are all the operator's to read."""
+    return None if kind == api.GRAPH_KIND else POD_SELECTOR if kind == "Pod" else CHILD_SELECTOR
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -57,6 +69,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.persistence.diffbase_storage = NoDiffBase()
+    for kind, resource in cache.WATCHED.items():
+        selector = label_selector(kind)
+        if selector is not None:
+            settings.watching.label_selectors[resource] = selector
 
 
 @kopf.on.startup()
@@ -90,10 +106,19 @@ def enqueue_delay(kind: str, priority: int) -> float:
     return 0.0 if kind == api.GRAPH_KIND or priority == workqueue.HIGH else CHILD_EVENT_DELAY_SECONDS
 
 
+def graph_key(kind: str, event_type: str | None, body: Mapping[str, Any]) -> cache.IndexKey | None:
+    """The graph a watch event concerns: the graph's own name, or the one a child's label names. A child
+    that lost its graph label leaves the watch as DELETED; its controller owner reference still names it."""
+    meta = body.get("metadata", {})
+    key = cache.index_key(kind, meta.get("namespace") or "", meta.get("name", ""), meta.get("labels") or {})
+    if key is None and event_type == "DELETED":
+        key = cache.owning_graph(body)
+    return key
+
+
 def _register(kind: str) -> None:
     """An index handler and an event handler for one kind."""
     group, version, plural = cache.WATCHED[kind]
-    selector = None if kind == api.GRAPH_KIND else POD_SELECTOR if kind == "Pod" else CHILD_SELECTOR
 
     # async, though it awaits nothing: kopf runs a sync handler in a thread pool, and handing every
     # watch event to a thread and back was a tenth of the operator's cold-start CPU at 300 graphs.
@@ -102,9 +127,8 @@ def _register(kind: str) -> None:
         key = cache.index_key(kind, namespace or "", name, labels)
         return None if key is None else {key: cache.projection(kind, body)}
 
-    async def changed(event: Mapping[str, Any], body: kopf.Body, name: str, namespace: str | None,
-                      labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-        key = cache.index_key(kind, namespace or "", name, labels)
+    async def changed(event: Mapping[str, Any], body: kopf.Body, memo: Any, **_: Any) -> None:
+        key = graph_key(kind, event.get("type"), body)
         if key is None:
             return
         memo.reconciler.cache.observe(kind, body, deleted=event.get("type") == "DELETED")
@@ -115,8 +139,10 @@ def _register(kind: str) -> None:
         priority = memo.reconciler.priority_of(kind, event.get("type"), body)
         memo.reconciler.enqueue(*key, after=enqueue_delay(kind, priority), priority=priority)
 
-    kopf.index(group, version, plural, labels=selector, id=cache.index_id(kind))(index)
-    kopf.on.event(group, version, plural, labels=selector, id=f"{kind.lower()}_changed")(changed)
+    # No client-side `labels=` filter: the API server applies `label_selector(kind)`, and a DELETED event
+    # for a child that just lost a label would not pass one.
+    kopf.index(group, version, plural, id=cache.index_id(kind))(index)
+    kopf.on.event(group, version, plural, id=f"{kind.lower()}_changed")(changed)
 
 
 for _kind in cache.WATCHED:

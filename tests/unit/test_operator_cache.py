@@ -143,3 +143,46 @@ def test_kopf_keeps_no_diff_base_and_writes_nothing_of_its_own_onto_objects() ->
     patch = kopf.Patch()
     storage.store(body=body, patch=patch, essence=new)
     assert not patch  # no last-handled-configuration annotation
+
+
+def test_the_api_server_selects_every_child_kind_and_the_graphs_are_listed_whole() -> None:
+    """The selectors kopf sends on each kind's LIST and WATCH (`settings.watching.label_selectors`)."""
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings)
+
+    def sent(kind: str) -> list[str]:
+        group, version, plural = cache.WATCHED[kind]
+        return list(settings.watching.label_selectors.collect(kopf.Resource(group, version, plural, kind=kind)))
+
+    owned = f"{contract.LABEL_GRAPH},{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+    assert sent(api.GRAPH_KIND) == []
+    assert sent("Pod") == [contract.LABEL_GRAPH]
+    assert {kind: sent(kind) for kind in cache.WATCHED if kind not in (api.GRAPH_KIND, "Pod")} == {
+        kind: [owned] for kind in cache.WATCHED if kind not in (api.GRAPH_KIND, "Pod")}
+    # Nothing else kopf lists (namespaces, CRDs) is narrowed by ours.
+    assert settings.watching.label_selectors.collect(kopf.Resource("", "v1", "namespaces", kind="Namespace")) == []
+
+
+def owned_by(kind: str, name: str, *, labels: dict[str, str], controller: bool = True) -> dict[str, Any]:
+    return {"metadata": {"name": "g-decode-1", "namespace": "ns", "labels": labels, "ownerReferences": [
+        {"apiVersion": api.API_VERSION, "kind": kind, "name": name, "uid": "u", "controller": controller}]}}
+
+
+def test_a_child_that_lost_its_labels_is_traced_to_its_graph_by_its_owner() -> None:
+    """A relabelled child leaves the selected watch as DELETED, in its new state: without the label that
+    named its graph, its controller owner reference still does."""
+    unlabelled = owned_by(api.COMPONENT_KIND, "my-graph-decode", labels={})
+    assert handlers.graph_key("Deployment", "DELETED", unlabelled) == ("ns", "my-graph")
+    assert handlers.graph_key(api.COMPONENT_KIND, "DELETED", owned_by(api.GRAPH_KIND, "my-graph", labels={})) == (
+        "ns", "my-graph")
+    # Still labelled with the graph (only managed-by removed): the label says which.
+    labelled = owned_by(api.COMPONENT_KIND, "my-graph-decode", labels={contract.LABEL_GRAPH: "my-graph"})
+    assert handlers.graph_key("Deployment", "DELETED", labelled) == ("ns", "my-graph")
+    # Not a deletion, not our owner, not the controller: nothing to enqueue.
+    assert handlers.graph_key("Deployment", "MODIFIED", unlabelled) is None
+    assert handlers.graph_key("Deployment", "DELETED", {"metadata": {"name": "x", "namespace": "ns", "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "my-graph-decode", "controller": True}]}}) is None
+    assert handlers.graph_key("Deployment", "DELETED",
+                              owned_by(api.COMPONENT_KIND, "my-graph-decode", labels={}, controller=False)) is None
