@@ -211,7 +211,9 @@ class Harness:
         argv = [sys.executable, str(Path(__file__).parent / "podrunner.py"), "--kubeconfig",
                 str(self.config.kubeconfig), "--state", str(self.state / "pods"), "--env", "OPENBLAS_NUM_THREADS=1",
                 # The node has fleetpilot's image only: another (a typo, a tag never pushed) cannot be pulled.
-                "--image", FLEETPILOT_IMAGE]
+                "--image", FLEETPILOT_IMAGE,
+                # `kubectl logs`: the runner is the nodes' kubelet API for its pods.
+                "--kubelet-port", str(self.config.kubelet_port), "--pki", str(self.config.folder / "pki")]
         self.processes["podrunner"] = ManagedProcess("podrunner", argv, state=self.state)
         self.processes["podrunner"].start()
 

@@ -27,6 +27,8 @@ informer), the API calls (`fleetpilot.kube`), processes, probes and status.
 
 Each container's output goes to `<state>/logs/<namespace>_<pod>.log`; each process's PID to
 `<state>/pids/`, so `reap()` can kill what a crashed runner left. On exit every process is killed.
+With `--kubelet-port` and `--pki`, the runner also serves the kubelet's log endpoint for its pods
+(`podlogs.py`), so `kubectl logs` works on the local cluster.
 
 Run by hand: `~/.cache/fleetpilot/venv/bin/python e2e/podrunner.py --kubeconfig FILE --state DIR`.
 Deviation from a kubelet, on purpose: before a container's first successful probe the runner probes
@@ -52,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import podlogs
 import podspec
 import yaml
 
@@ -111,8 +114,11 @@ class PodRunner:
     """Watches the owned pods and keeps one local process per pod."""
 
     def __init__(self, kubeconfig: Path, state: Path, *, bin_dirs: list[Path] | None = None,
-                 extra_env: Mapping[str, str] | None = None, images: set[str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None, images: set[str] | None = None,
+                 kubelet_port: int | None = None, pki_folder: Path | None = None) -> None:
         self.kubeconfig = kubeconfig
+        self.kubelet_port = kubelet_port
+        self.pki_folder = pki_folder
         self.state = state
         self.logs = state / "logs"
         self.pids = state / "pids"
@@ -143,13 +149,26 @@ class PodRunner:
                                   max_pause_s=10.0)
         await watch.start()
         retry = asyncio.create_task(self._start_awaiting(), name="start pods awaiting a peer")
+        logs = None
+        if self.kubelet_port and self.pki_folder:
+            logs = await podlogs.serve(self.log_source, port=self.kubelet_port, pki_folder=self.pki_folder)
         try:
             await stop.wait()
         finally:
+            if logs is not None:
+                await logs.cleanup()
             retry.cancel()
             await asyncio.gather(retry, return_exceptions=True)
             await watch.stop()
             await self.shutdown()
+
+    def log_source(self, namespace: str, name: str) -> podlogs.LogSource | None:
+        """Where a pod this runner runs writes (`kubectl logs`), or None for any other pod."""
+        found = next((r for r in self.pods.values() if (r.namespace, r.name) == (namespace, name)), None)
+        if found is None:
+            return None
+        return podlogs.LogSource(container=found.container["name"], path=found.log_path,
+                                 alive=lambda: self.pods.get(found.uid) is found and not found.terminating)
 
     async def _start_awaiting(self) -> None:
         """Start the pods that waited for a peer's address, once it has one (no event may come)."""
@@ -305,7 +324,7 @@ class PodRunner:
 
     async def _spawn(self, running: RunningPod) -> None:
         with running.log_path.open("ab") as log:
-            log.write(f"--- {now_rfc3339()} start {' '.join(running.argv)}\n".encode())
+            log.write(podlogs.run_header(now_rfc3339(), running.argv))
             log.flush()
             running.process = await asyncio.create_subprocess_exec(
                 *running.argv, stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
@@ -575,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where container commands are found first (default: this Python's bin)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for every container (repeatable)")
+    parser.add_argument("--kubelet-port", type=int, default=None,
+                        help="serve the kubelet's log endpoint here (the cluster's kubelet_port), with --pki")
+    parser.add_argument("--pki", type=Path, default=None, help="the cluster's pki folder (its CA, kubelet certificate)")
     parser.add_argument("--image", action="append", default=[],
                         help="an image this node can pull (repeatable; none given: any image)")
     args = parser.parse_args(argv)
@@ -589,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         runner = PodRunner(args.kubeconfig, args.state, bin_dirs=args.bin_dir or None, extra_env=extra,
-                           images=set(args.image))
+                           images=set(args.image), kubelet_port=args.kubelet_port, pki_folder=args.pki)
         await runner.run(stop)
 
     asyncio.run(go())

@@ -82,3 +82,6 @@ def test_the_readme_tour_runs_as_written(harness: harness_mod.Harness) -> None:
     (answer,) = [out for c, out in outputs.items() if c.startswith("curl ")]
     completion = json.loads(answer)
     assert completion["model"] == "llama-8b" and completion["choices"][0]["text"], completion
+    # kubectl logs, through the apiserver to the pod runner's kubelet endpoint: the frontend's own lines.
+    (logs,) = [out for c, out in outputs.items() if c.startswith("kubectl logs ")]
+    assert re.search(r"INFO fleetpilot\.frontend: worker llama-8b-sim-decode-\S+ \(decode", logs), logs

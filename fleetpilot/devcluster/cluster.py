@@ -86,6 +86,12 @@ class ClusterConfig:
         return self.port_base + 43
 
     @property
+    def kubelet_port(self) -> int:
+        """Every simulated node's kubelet API port (its status' daemonEndpoints): where the apiserver sends
+        `kubectl logs`. Nothing of the cluster's own listens there; a pod runner does (e2e/podrunner.py)."""
+        return self.port_base + 85
+
+    @property
     def etcd_port(self) -> int:
         return self.port_base + 79
 
@@ -327,6 +333,12 @@ class Cluster:
             f"--secure-port={self.config.apiserver_port}",
             f"--tls-cert-file={pki.crt('apiserver')}", f"--tls-private-key-file={pki.key('apiserver')}",
             f"--client-ca-file={pki.ca}",
+            # `kubectl logs`: to the node's InternalIP (127.0.0.1; its name resolves nowhere), whose serving
+            # certificate must be the CA's, with a client certificate of the CA's.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-certificate-authority={pki.ca}",
+            f"--kubelet-client-certificate={pki.crt(pki_mod.KUBELET_CLIENT)}",
+            f"--kubelet-client-key={pki.key(pki_mod.KUBELET_CLIENT)}",
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -403,6 +415,7 @@ class Cluster:
             f"--manage-nodes-with-annotation-selector={SIMULATED_NODE_ANNOTATION}=fake",
             f"--cidr={POD_CIDR}",
             "--node-ip=127.0.0.1",
+            f"--node-port={self.config.kubelet_port}",
             "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{self.ports()['kwok']}",
             *(f"--config={stage}" for stage in self._kwok_stage_files()),

@@ -2,7 +2,9 @@
 
 One CA signs the apiserver's serving certificate and a client certificate per component, each with
 the identity Kubernetes' default RBAC expects (system:kube-controller-manager, system:kube-scheduler),
-so authorization in tests is the real thing rather than everyone being cluster-admin.
+so authorization in tests is the real thing rather than everyone being cluster-admin. It also signs
+the kubelet API's serving certificate (`kubelet`, served by a pod runner for `kubectl logs`) and the
+client certificate the apiserver presents there (`apiserver-kubelet-client`), as kubeadm does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ CLIENTS: dict[str, tuple[str, str | None]] = {
     "scheduler": ("system:kube-scheduler", None),
     "kwok": ("kwok-controller", "system:masters"),
 }
+
+
+#: The kubelet API's serving certificate, and the apiserver's client certificate for it.
+KUBELET = "kubelet"
+KUBELET_CLIENT = "apiserver-kubelet-client"
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ class Pki:
         return self.folder / "sa.pub"
 
     def complete(self) -> bool:
-        stems = ["ca", "apiserver", *CLIENTS]
+        stems = ["ca", "apiserver", KUBELET, KUBELET_CLIENT, *CLIENTS]
         return self.service_account_key.is_file() and all(self.crt(s).is_file() and self.key(s).is_file() for s in stems)
 
 
@@ -125,6 +132,9 @@ def ensure(folder: Path, *, service_ip: str) -> Pki:
     )
     for stem, (common_name, organisation) in CLIENTS.items():
         issue(stem, _name(common_name, organisation), ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    issue(KUBELET, _name("fleetpilot-dev-kubelet"), ExtendedKeyUsageOID.SERVER_AUTH,
+          [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    issue(KUBELET_CLIENT, _name("kube-apiserver-kubelet-client", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, [])
 
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(pki.service_account_key, sa_key)
