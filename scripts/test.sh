@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: install (cached), static checks, unit and integration tests.
-# Integration tests start their own control plane (cluster "test") and stop it by its saved PIDs.
+# Integration tests start their own control planes (clusters "test" and "test-gw1", one per pytest-xdist
+# worker) and stop them by their saved PIDs.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,8 +18,8 @@ echo "== unit tests (both cores: pure, no shared state)"
 set +e
 pytest tests/unit -p no:cacheprovider -n 2 --durations=15 "$@"
 unit_status=$?
-echo "== integration tests (one control plane for the session, so one process)"
-pytest tests/integration -p no:cacheprovider --durations=15 "$@"
+echo "== integration tests (two processes, each with its own control plane; a file's tests stay together)"
+pytest tests/integration -p no:cacheprovider -n 2 --dist loadfile --durations=15 "$@"
 status=$?
 echo "== backtest benchmark, quick (every policy on two traces; the full run is benchmarks/backtest.py)"
 quick_out=$(mktemp -d)

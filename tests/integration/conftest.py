@@ -9,6 +9,7 @@ test also proves the chart grants enough and the operator needs no more. Each te
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -81,9 +82,19 @@ class Kubectl:
         return items
 
 
+def worker_cluster_config() -> devcluster.ClusterConfig:
+    """The test cluster, or under pytest-xdist one per worker: worker N > 0 (`gwN`) gets `<name>-gwN`, its
+    own state folder and the port block 100·N above the first (a cluster's ports span under 100)."""
+    config = devcluster.config_from_env(os.environ.get("FLEETPILOT_TEST_CLUSTER", "test"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    if worker == 0:
+        return config
+    return dataclasses.replace(config, name=f"{config.name}-gw{worker}", port_base=config.port_base + 100 * worker)
+
+
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[devcluster.Cluster]:
-    config = devcluster.config_from_env(os.environ.get("FLEETPILOT_TEST_CLUSTER", "test"))
+    config = worker_cluster_config()
     cluster = devcluster.Cluster(config)
     already_running = cluster.running()
     cluster.up(fresh=not already_running)
