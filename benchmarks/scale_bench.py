@@ -8,7 +8,9 @@ commit, run in the same benchmark on the same cluster — and for each graph cou
    is Ready (read from a watch on the graphs); the operator's peak RSS and CPU seconds; its API requests
    meanwhile; the CPU seconds of every control-plane process and how busy the machine's cores were, since
    here they all share them. The graphs sit in one namespace, or `--namespaces N` deals them over N (a
-   namespace per team); `--controller-qps` raises kube-controller-manager's client rate limit.
+   namespace per team); `--controller-qps` raises kube-controller-manager's client rate limit. With
+   `--foreign-pods`/`--foreign-configmaps` every cold start runs again in a cluster that also holds other
+   teams' objects, and the two are compared (medians over `--repeats` cold starts each).
 2. **at rest**: `--rest-seconds` with nothing changing. The operator's API requests, by verb and
    resource, from the apiserver's audit log (the operator runs as its own ServiceAccount, so its
    requests are told apart from kwok's, the controllers' and this script's).
@@ -629,18 +631,26 @@ def planner_only(*, cluster: devcluster.Cluster, client: Api, graphs: int, log_d
 
 
 def print_foreign(rows: list[dict[str, Any]]) -> None:
-    """Each operator's figures in the crowded cluster as a ratio to the same graphs in the empty one."""
-    crowded = [row for row in rows if row.get("foreign", {}).get("pods") or row.get("foreign", {}).get("configmaps")]
-    for row in crowded:
-        (alone,) = [r for r in rows if r["variant"] == row["variant"] and r["graphs"] == row["graphs"]
-                    and not (r.get("foreign", {}).get("pods") or r.get("foreign", {}).get("configmaps"))]
-        figures = [(name, alone[key], row[key]) for name, key in [
-            ("peak RSS MB", "peak_rss_mb"), ("CPU-s cold", "cpu_seconds_cold"), ("CPU-s at rest", "cpu_seconds_at_rest"),
-            ("requests cold", "api_requests_cold"), ("requests/s at rest", "api_requests_at_rest_per_s")]]
-        print(f"  {row['variant']}, {row['graphs']} graphs, empty cluster vs {row['foreign']['pods']} foreign pods and"
-              f" {row['foreign']['configmaps']} configmaps: " + "; ".join(
-                  f"{name} {a} -> {b} ({b / a:.2f}x)" if a else f"{name} {a} -> {b}" for name, a, b in figures))
-        print(f"    LIST/WATCH without a labelSelector at cold start: {row['unselected_list_watch_cold'] or 'none'}")
+    """Each operator's figures in the crowded cluster as a ratio to the same graphs in the empty one: the median
+    of each figure over the `--repeats` cold starts of each cluster."""
+    def crowded(row: dict[str, Any]) -> bool:
+        return bool(row.get("foreign", {}).get("pods") or row.get("foreign", {}).get("configmaps"))
+
+    for variant, graphs in sorted({(r["variant"], r["graphs"]) for r in rows if crowded(r)}):
+        alike = [r for r in rows if r["variant"] == variant and r["graphs"] == graphs]
+        empty, full = [r for r in alike if not crowded(r)], [r for r in alike if crowded(r)]
+        if not empty:
+            continue
+        figures = [(name, statistics.median(r[key] for r in empty), statistics.median(r[key] for r in full))
+                   for name, key in [("peak RSS MB", "peak_rss_mb"), ("CPU-s cold", "cpu_seconds_cold"),
+                                     ("CPU-s at rest", "cpu_seconds_at_rest"), ("requests cold", "api_requests_cold"),
+                                     ("requests/s at rest", "api_requests_at_rest_per_s")]]
+        foreign = full[0]["foreign"]
+        print(f"  {variant}, {graphs} graphs, empty cluster vs {foreign['pods']} foreign pods and"
+              f" {foreign['configmaps']} configmaps (median of {len(empty)} and {len(full)} cold starts): " + "; ".join(
+                  f"{name} {a:g} -> {b:g} ({b / a:.2f}x)" if a else f"{name} {a:g} -> {b:g}" for name, a, b in figures))
+        unselected = sorted({kind for r in full for kind in r["unselected_list_watch_cold"]})
+        print(f"    LIST/WATCH without a labelSelector at cold start: {', '.join(unselected) or 'none'}")
 
 
 def main() -> int:
@@ -668,6 +678,8 @@ def main() -> int:
     parser.add_argument("--foreign-pods", type=int, default=0,
                         help="measure again after creating this many Pods of other teams (and --foreign-configmaps)")
     parser.add_argument("--foreign-configmaps", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="cold starts of each variant and graph count in each cluster (the comparison takes medians)")
     parser.add_argument("--serve-contract", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--namespace", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -710,7 +722,7 @@ def main() -> int:
                     took = fill_foreign(client, pods=foreign_pods, configmaps=foreign_configmaps)
                     print(f"  {foreign_pods} foreign pods and {foreign_configmaps} foreign configmaps made in"
                           f" {took:.0f}s", flush=True)
-                for graphs in counts:
+                for graphs in [n for n in counts for _ in range(args.repeats)]:
                     for variant in variants:
                         if variant.pythonpath is not None and graphs not in compare_at:
                             continue
