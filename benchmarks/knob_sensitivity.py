@@ -199,16 +199,21 @@ def run_one(constant: Constant | None, factor: float | None) -> Outcome:
 
 
 def change(outcome: Outcome, shipped: Outcome) -> float | None:
-    """The relative change of GPU-hours to meet against the run as shipped (None: either never met)."""
+    """The relative change of GPU-hours to meet against the run as shipped. None: one of the two met the SLA
+    and the other did not; 0 when neither did (moving the constant changed nothing that is scored)."""
+    if outcome.gpu_hours_to_meet is None and shipped.gpu_hours_to_meet is None:
+        return 0.0
     if outcome.gpu_hours_to_meet is None or shipped.gpu_hours_to_meet is None:
         return None
     return outcome.gpu_hours_to_meet / shipped.gpu_hours_to_meet - 1.0
 
 
 def cell(outcome: Outcome, shipped: Outcome) -> str:
-    delta = change(outcome, shipped)
-    if delta is None:
-        return "met" if outcome.gpu_hours_to_meet is not None else "not met"
+    if outcome.gpu_hours_to_meet is None:
+        return "not met"
+    if shipped.gpu_hours_to_meet is None:
+        return "met"
+    delta = outcome.gpu_hours_to_meet / shipped.gpu_hours_to_meet - 1.0
     return f"{delta:+.1%}" + ("" if outcome.bracketed else "*")
 
 

@@ -79,6 +79,12 @@ def test_a_change_is_judged_over_every_row_and_factor(bench: Any) -> None:
     shipped = bench.Outcome(None, None, None, 10.0, True, 1.0)
     assert bench.change(bench.Outcome("c", 2.0, 1.0, 10.5, True, 1.0), shipped) == pytest.approx(0.05)
     assert bench.change(bench.Outcome("c", 2.0, 1.0, None, False, 1.0), shipped) is None
+    never = bench.Outcome(None, None, None, None, False, 1.0)  # as shipped, no setting met the SLA
+    assert bench.change(bench.Outcome("c", 2.0, 1.0, None, False, 1.0), never) == 0.0  # nor with it moved
+    assert bench.change(bench.Outcome("c", 2.0, 1.0, 9.0, True, 1.0), never) is None
+    assert bench.cell(bench.Outcome("c", 2.0, 1.0, None, False, 1.0), never) == "not met"
+    assert bench.cell(bench.Outcome("c", 2.0, 1.0, 9.0, True, 1.0), never) == "met"
+    assert bench.cell(bench.Outcome("c", 2.0, 1.0, 10.5, False, 1.0), shipped) == "+5.0%*"
     assert bench.verdict([0.01, -0.015]) == "1.5% (removal candidate)"
     assert bench.verdict([0.01, -0.03]) == "3.0%"
     assert bench.verdict([0.0, None]) == "changes whether the SLA is met"
