@@ -14,6 +14,8 @@ How a constant is moved depends on what it is (`Constant.scale`):
 - `int`: multiplied and rounded, at least 1 (a count of intervals or readings);
 - `tail`: a level near 1 (a quantile, a utilisation ceiling) has its distance from 1 multiplied, so ×2 of
   0.99 is 0.98 and ×0.5 is 0.995 (doubling 0.99 itself means nothing).
+A moved value the planner refuses (its own ValueError, e.g. a share of 1 that leaves a latency target of
+zero) is reported as refused, not as a change.
 Every module that holds the same object under the constant's name is patched (a `from m import NAME` copy
 too). A constant that the planner binds at import (a default argument, a dataclass field, another module-level
 constant computed from it) cannot be moved this way: `bound_at_import` finds those by reading the source,
@@ -181,6 +183,7 @@ class Outcome:
     gpu_hours_to_meet: float | None  # None: no setting met the SLA
     bracketed: bool
     seconds: float
+    error: str = ""  # the moved value put the planner outside what it accepts (its ValueError)
 
 
 _SHARED: dict[str, Any] = {}
@@ -190,11 +193,17 @@ def run_one(constant: Constant | None, factor: float | None) -> Outcome:
     """One sweep of `_SHARED`'s policy on `_SHARED`'s scenario, with `constant` moved (in this forked process)."""
     scenario: evaluate.Scenario = _SHARED["scenario"]
     began = time.perf_counter()
+    label = constant.label if constant else None
     with contextlib.ExitStack() as stack:
         value = stack.enter_context(patched(constant, factor)) if constant is not None and factor is not None else None
-        group = evaluate.run_group(scenario, _SHARED["policy"], needs=_SHARED["needs"])
+        try:
+            group = evaluate.run_group(scenario, _SHARED["policy"], needs=_SHARED["needs"])
+        except ValueError as refused:
+            if constant is None:
+                raise
+            return Outcome(label, factor, value, None, False, time.perf_counter() - began, error=str(refused))
     to_meet = evaluate.driver.cost_to_meet(group.results, scenario.sla.percentile / 100.0)
-    return Outcome(constant.label if constant else None, factor, value, to_meet.gpu_hours, to_meet.bracketed,
+    return Outcome(label, factor, value, to_meet.gpu_hours, to_meet.bracketed,
                    time.perf_counter() - began)
 
 
@@ -209,6 +218,8 @@ def change(outcome: Outcome, shipped: Outcome) -> float | None:
 
 
 def cell(outcome: Outcome, shipped: Outcome) -> str:
+    if outcome.error:
+        return f"refused: {outcome.error}"
     if outcome.gpu_hours_to_meet is None:
         return "not met"
     if shipped.gpu_hours_to_meet is None:
@@ -266,9 +277,11 @@ def report(args: argparse.Namespace, labels: Sequence[str], shipped: dict[str, O
         cells = [cell(o, shipped[label]) if o is not None else "—"
                  for (label, _), o in zip([(label, f) for label in labels for f in FACTORS], outcomes, strict=True)]
         changes = [change(o, shipped[label]) for (label, _), o in
-                   zip([(label, f) for label in labels for f in FACTORS], outcomes, strict=True) if o is not None]
+                   zip([(label, f) for label in labels for f in FACTORS], outcomes, strict=True)
+                   if o is not None and not o.error]
         lines.append(f"| `{constant.label}` | {', '.join(f'{v:g}' for v in values)} | " + " | ".join(cells)
-                     + f" | {verdict(changes) if changes else '—'} |")
+                     + f" | {verdict(changes) if changes else '—'}"
+                     + ("; a move was refused" if any(o is not None and o.error for o in outcomes) else "") + " |")
     return "\n".join(lines) + "\n"
 
 

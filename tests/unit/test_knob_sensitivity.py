@@ -85,6 +85,8 @@ def test_a_change_is_judged_over_every_row_and_factor(bench: Any) -> None:
     assert bench.cell(bench.Outcome("c", 2.0, 1.0, None, False, 1.0), never) == "not met"
     assert bench.cell(bench.Outcome("c", 2.0, 1.0, 9.0, True, 1.0), never) == "met"
     assert bench.cell(bench.Outcome("c", 2.0, 1.0, 10.5, False, 1.0), shipped) == "+5.0%*"
+    refused = bench.Outcome("c", 2.0, 1.0, None, False, 1.0, error="ttft_target_s must be positive")
+    assert bench.cell(refused, shipped) == "refused: ttft_target_s must be positive"
     assert bench.verdict([0.01, -0.015]) == "1.5% (removal candidate)"
     assert bench.verdict([0.01, -0.03]) == "3.0%"
     assert bench.verdict([0.0, None]) == "changes whether the SLA is met"
