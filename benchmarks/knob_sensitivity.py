@@ -36,7 +36,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import importlib
-import importlib.util
 import multiprocessing
 import os
 import sys
@@ -236,16 +235,6 @@ def verdict(changes: Sequence[float | None]) -> str:
     return f"{largest:.1%}" + (" (removal candidate)" if largest <= NEGLIGIBLE else "")
 
 
-def _load_backtest() -> ModuleType:
-    # benchmarks/ is no package: load the backtest benchmark's rows and scenarios from its file.
-    spec = importlib.util.spec_from_file_location("backtest_benchmark", REPO / "benchmarks" / "backtest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("backtest_benchmark", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def report(args: argparse.Namespace, labels: Sequence[str], shipped: dict[str, Outcome],
            moved: dict[tuple[str, str, float], Outcome], constants: Sequence[Constant],
            bound: dict[str, list[str]], total_s: float, finished: bool) -> str:
@@ -301,7 +290,7 @@ def main() -> int:
     constants = [c for c in CONSTANTS if not args.constant or c.name in args.constant]
     if not constants:
         parser.error(f"no constant is called any of {args.constant}")
-    backtest = _load_backtest()
+    import backtest  # the backtest benchmark's rows and scenarios; benchmarks/ is this script's sys.path[0]
     chosen = [row for row in backtest.rows(args.quick, False, range(args.family))
               if not args.row or any(text in row.label for text in args.row)]
     if not chosen:

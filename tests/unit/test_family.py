@@ -4,14 +4,13 @@ every parameter within its documented range, and a seed that runs through the ba
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import source_files
 
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity, sizing
@@ -168,17 +167,6 @@ def test_the_fleet_scale_is_the_replicas_the_planners_sizing_wants_at_the_base_r
         assert total / 10 == pytest.approx(p.fleet_replicas, rel=0.15, abs=0.3)
 
 
-def _load_benchmark() -> Any:
-    # benchmarks/ is no package: load the one module, as the e2e pod runner's test loads its module.
-    path = REPO / "benchmarks" / "backtest.py"
-    spec = importlib.util.spec_from_file_location("backtest_benchmark", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("backtest_benchmark", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_short_seed_runs_through_the_backtest_into_a_family_row(profile: Any) -> None:
     scenario = family.family_scenario(11, profile=profile, sla=SLA, duration_s=1800)
     assert scenario.fidelity == "fluid" and scenario.duration_s == 1800
@@ -187,7 +175,7 @@ def test_a_short_seed_runs_through_the_backtest_into_a_family_row(profile: Any) 
     done = {group: evaluate.run_group(scenario, group, knobs=knobs, bracket=False) for group in ("static-peak", "oracle")}
     summary = evaluate.summarise(done, scenario)
     assert summary["oracle"].gpu_hours_at_target is not None
-    benchmark = _load_benchmark()
+    benchmark: Any = source_files.load("backtest_benchmark", Path("benchmarks/backtest.py"))
     row = benchmark.Row("family", 1.0, 120.0, seed=11)
     assert row.label == "family seed 11, startup 120 s"
     board = "\n".join(benchmark.family_board([(row, summary)]))

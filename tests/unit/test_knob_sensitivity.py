@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import source_files
 
 from fleetpilot.planner import conformal, core
 
@@ -19,13 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    # benchmarks/ is no package: load the one module from its file.
-    spec = importlib.util.spec_from_file_location("knob_sensitivity", REPO / "benchmarks" / "knob_sensitivity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("knob_sensitivity", module)
-    spec.loader.exec_module(module)
-    return module
+    return source_files.load("knob_sensitivity", Path("benchmarks/knob_sensitivity.py"))
 
 
 def test_a_level_near_one_moves_its_tail_a_count_stays_a_whole_count(bench: Any) -> None:

@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import socket
 import ssl
-import sys
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+import source_files
 
 from fleetpilot.devcluster import pki as pki_mod
 
-
-def _load(name: str) -> Any:
-    # e2e/ is no package: load the one module, as test_podspec.py does.
-    path = Path(__file__).resolve().parents[2] / "e2e" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-podlogs = _load("podlogs")
+podlogs = source_files.load("podlogs", Path("e2e/podlogs.py"))
 
 TWO_RUNS = (podlogs.run_header("2026-12-07T10:00:00Z", ["fleetpilot", "sim", "serve"]) + b"one\ntwo\ncrash\n"
             + podlogs.run_header("2026-12-07T10:00:05Z", ["fleetpilot", "sim", "serve"]) + b"a\nb\nc\n")

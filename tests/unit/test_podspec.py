@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import source_files
 
-
-def _load_podspec() -> Any:
-    # e2e/ is no package (pytest puts e2e/ itself on sys.path for the e2e suite): load the one module,
-    # without putting the harness's other modules on everyone's path.
-    path = Path(__file__).resolve().parents[2] / "e2e" / "podspec.py"
-    spec = importlib.util.spec_from_file_location("podspec", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("podspec", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-podspec = _load_podspec()
+podspec = source_files.load("podspec", Path("e2e/podspec.py"))
 
 
 def make_pod(*, env: list[dict[str, Any]] | None = None, command: list[str] | None = None,
