@@ -3,7 +3,8 @@
 Where it sits: a child process of a scenario (so the client's event loop never shares a core's
 time slice with the test's own polling). It is `fleetpilot replay` minus the terminal UI, plus what
 a timeline needs: the Unix time at which the replay's clock started, so each request's send time
-and latency can be laid next to the replicas the planner chose at that moment.
+and latency can be laid next to the replicas the planner chose at that moment. With `--warmup`, the
+replay's first part is the planner's history: sent, in the per-request records, left out of the summary.
 
 Run: `python e2e/loadgen.py --trace FILE --url URL --model NAME --out report.json [trace options]`.
 """
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=None, help="trace seconds to replay")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="keep this share of the requests (or copy)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="replay this many times faster")
+    parser.add_argument("--warmup", type=float, default=0.0,
+                        help="trace seconds from --start that are sent but left out of the summary: the "
+                             "history a running planner would have seen before the scored part")
     args = parser.parse_args(argv)
 
     shape = traces.Shape(start_s=args.start, duration_s=args.duration, rate_factor=args.rate_scale,
@@ -58,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
                              sigma=args.length_sigma, seed=args.seed, shape=shape)
     started_unix = time.time()
     results = asyncio.run(client.replay(requests, url=args.url, model=args.model, timeout_s=args.timeout))
-    summary = report.summarise(results, report.parse_sla(args.sla))
+    # A request's arrival is in replay seconds (the trace's, divided by the time scale).
+    scored_from_s = args.warmup / args.time_scale
+    summary = report.summarise([r for r in results if r.scheduled_s >= scored_from_s], report.parse_sla(args.sla))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "trace": str(args.trace), "url": args.url, "model": args.model, "started_unix": started_unix,
-        "requests_planned": len(requests), "summary": report.summary_dict(summary),
+        "scored_from_s": scored_from_s, "requests_planned": len(requests), "summary": report.summary_dict(summary),
         "requests": [report.result_dict(r) for r in sorted(results, key=lambda r: r.index)],
     }, indent=1) + "\n")
     return 0 if summary.ok > 0 else 1

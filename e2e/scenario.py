@@ -29,13 +29,13 @@ import math
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from fleetpilot import perfmodel, plots
+from fleetpilot import perfmodel, plots, traces
 from fleetpilot.api import profile as profiles
 from fleetpilot.api import v1alpha1 as api
 from fleetpilot.planner import capacity as capacities
@@ -72,7 +72,7 @@ class ClosedLoop:
         (0, 0.3), (30, 0.3), (40, 2.4), (110, 2.4), (150, 0.3), (210, 0.3),
     )
     seed: int = 7
-    risk: float = 0.5
+    risk: float | None = 0.5  # spec.planner.risk; None: left out, the API's default
     fast_path_s: int = 5  # spec.planner.fastPathSeconds; 0: the interval's forecast alone
     window_s: float | None = None  # the trace's and the timeline's step; None: one planning interval
     nodes: int = 1  # pods per worker replica: > 1 runs each as a group, TP over one GPU per pod
@@ -139,7 +139,8 @@ class ClosedLoop:
                 # 0.9-quantile stays wide for longer than the run (docs/adr/0016-one-risk-knob.md).
                 "planner": {"mode": mode, "predictor": "constant", "intervalSeconds": self.interval_s,
                             "gpuBudget": self.gpu_budget,
-                            "risk": self.risk, "fastPathSeconds": self.fast_path_s,
+                            **({"risk": self.risk} if self.risk is not None else {}),
+                            "fastPathSeconds": self.fast_path_s,
                             "sla": {"ttftMs": self.ttft_ms, "itlMs": self.itl_ms, "percentile": self.percentile},
                             "profileRef": {"configMap": f"{self.graph}-profile"},
                             **({"profile": {"autoCorrect": self.auto_correct}} if self.auto_correct is not None else {})},
@@ -357,7 +358,8 @@ def write_results(name: str, folder: Path, *, scenario: ClosedLoop, rows: list[d
 
 
 def plot(rows: list[dict[str, Any]], path: Path, *, scenario: ClosedLoop, title: str,
-         marks: dict[str, float]) -> bool:
+         marks: dict[str, float], static: dict[str, int] | None = None) -> bool:
+    """The timeline PNG; `static`: a fixed fleet (replicas per component) to draw beside the planner's."""
     plt = plots.pyplot()
     if plt is None:
         return False
@@ -371,6 +373,9 @@ def plot(rows: list[dict[str, Any]], path: Path, *, scenario: ClosedLoop, title:
                         label=f"{component} desired")
         replica_ax.step(t, [r[f"{component}_ready"] or 0 for r in rows], where="post", color=colour,
                         linestyle=":", label=f"{component} ready")
+        if static and component in static:
+            replica_ax.axhline(static[component], color=colour, linestyle="--", linewidth=0.8,
+                               label=f"{component}: static fleet for the peak")
     replica_ax.set_ylabel("replicas")
     for axis, key, target in ((ttft_ax, "ttft", scenario.ttft_ms), (itl_ax, "itl", scenario.itl_ms)):
         axis.plot(t, [r[f"{key}_p50_ms"] for r in rows], label="p50")
@@ -390,6 +395,54 @@ def plot(rows: list[dict[str, Any]], path: Path, *, scenario: ClosedLoop, title:
     figure.savefig(path, dpi=90)
     plt.close(figure)
     return True
+
+
+# -- a replay judged as the backtest judges it ---------------------------------------------------------------
+
+
+def static_fleet(requests: Sequence[traces.Request], s: ClosedLoop, *, scored_from_s: float) -> dict[str, int]:
+    """The fixed fleet the backtest's `static-peak` would run for the scored part: sized, as the planner
+    sizes, for its busiest planning interval, within the graph's replica bounds."""
+    from fleetpilot.planner.backtest import policies
+
+    scored = [r for r in requests if r.arrival_s >= scored_from_s]
+    loads = []
+    for k in range(int((max(r.arrival_s for r in scored) - scored_from_s) // s.interval_s) + 1):
+        begin = scored_from_s + k * s.interval_s
+        inside = [r for r in scored if begin <= r.arrival_s < begin + s.interval_s]
+        if inside:
+            loads.append(policies.IntervalLoad(rate_rps=len(inside) / s.interval_s,
+                                               isl=sum(r.input_tokens for r in inside) / len(inside),
+                                               osl=sum(r.output_tokens for r in inside) / len(inside)))
+    setting = policies.Setting(
+        capacity=capacities.CapacityModel(s.profile()),
+        sla=api.SlaTarget(ttft_ms=s.ttft_ms, itl_ms=s.itl_ms, percentile=s.percentile),
+        interval_s=s.interval_s, startup_s=s.startup_s,
+        bounds={"prefill": s.bound("prefill"), "decode": s.bound("decode")})
+    return policies.static_replicas(setting, loads, level="peak", factor=1.0)
+
+
+def servable(requests: Sequence[traces.Request], s: ClosedLoop) -> list[bool]:
+    """Whether each request can meet the SLA at all: its TTFT and mean ITL alone on idle replicas of the
+    demo's engine (the performance model, on the engine's slowed clock) within the targets.
+
+    The backtest leaves the others out of every policy's score, and so does the demo: a prompt that
+    takes longer than the TTFT target to prefill on an idle replica misses it at any fleet size."""
+    from fleetpilot.planner.backtest import fleetsim
+
+    timing = perfmodel.PerformanceModel(perfmodel.MODELS[s.preset], perfmodel.GPUS[s.gpu])
+    probe = fleetsim.FleetSimulator(fleetsim.FleetConfig(timing=timing, startup_s=0.0), [],
+                                    {"prefill": 0, "decode": 0})
+    speed = s.speedup / s.engine_slowdown  # the engine's speed as a share of the modelled GPU's
+    return [probe.lone_ttft(r.input_tokens) / speed <= s.ttft_ms / 1e3
+            and probe.lone_itl(r.input_tokens, r.output_tokens) / speed <= s.itl_ms / 1e3 for r in requests]
+
+
+def attainment(records: Sequence[dict[str, Any]], s: ClosedLoop) -> float:
+    """The share of `records` (the load report's) served with TTFT and mean ITL within the targets."""
+    met = [r for r in records if r["status"] == "ok" and r["ttft_ms"] is not None and r["ttft_ms"] <= s.ttft_ms
+           and (r["itl_ms"] is None or r["itl_ms"] <= s.itl_ms)]
+    return len(met) / len(records) if records else 0.0
 
 
 # -- what the backtest predicts for the same run --------------------------------------------------------------
@@ -419,8 +472,7 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
     """
     import loadgen  # e2e/ is on sys.path, as for every module here
 
-    from fleetpilot import traces
-    from fleetpilot.planner import predict
+    from fleetpilot.planner import core, predict
     from fleetpilot.planner.backtest import driver, fleetsim, policies
 
     requests = loadgen.load_requests(trace, model="e2e-ramp", isl=scenario.isl, osl=scenario.osl,
@@ -437,7 +489,7 @@ def backtest_goodput(scenario: ClosedLoop, trace: Path) -> float:
     start = {"prefill": bounds["prefill"][0], "decode": bounds["decode"][0]}
     # The planner as it runs live: the predictive loop and its fast path.
     policy = policies.Fleetpilot(setting, predict.make_predictor("constant"), predictor_name="constant",
-                                 risk=scenario.risk, initial=start, hold_s=scenario.hold_s * k)
+                                 risk=core.DEFAULT_RISK if scenario.risk is None else scenario.risk, initial=start, hold_s=scenario.hold_s * k)
     fleet = driver.RequestFleet(fleetsim.FleetConfig(timing=model, startup_s=scenario.startup_s * k),
                                 simulated, start)
     result = driver.run(fleet, policy, duration_s=scenario.duration_s * k, interval_s=scenario.interval_s * k,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo: fleetpilot doing its main job on a shared trace (e2e/demo.py says what runs).
-#   scripts/demo.sh [up]   bring it all up, replay 10 minutes of the Azure code trace ×4 faster, print
-#                          a table and write a timeline PNG; it stays up to explore
+#   scripts/demo.sh [up]   bring it all up, replay 15 minutes of the Azure code trace ×4 faster (the first
+#                          5 are the planner's history), print a table and write a timeline PNG; it stays
+#                          up to explore
 #   scripts/demo.sh down   stop every process it started, by PID
 set -euo pipefail
 
