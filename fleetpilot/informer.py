@@ -1,9 +1,9 @@
 """List once, then watch: a local copy of one kind of object, kept current with almost no API requests.
 
 The one list+watch helper for fleetpilot's processes that are not the operator (the operator's
-watches are kopf's: docs/kubernetes-client.md says why): the frontend's worker discovery, the
-planner's view of the graphs and their components, and the e2e pod runner. It does what client-go's
-reflector does:
+watches are kopf's: docs/kubernetes-client.md says why): the frontend's worker discovery and its
+API-key Secret, the planner's view of the graphs and their components, and the e2e pod runner. It
+does what client-go's reflector does:
 
 - LIST once, remember the List's resourceVersion, then WATCH from it;
 - when the server ends a watch (every `timeout_s`, or a dropped connection), watch again from the
@@ -121,15 +121,20 @@ def _version(obj: Manifest) -> str:
 
 
 class Informer:
-    """Keeps a `Store` of one kind (in one namespace or all, optionally label-selected) current."""
+    """Keeps a `Store` of one kind (in one namespace or all, optionally label- or field-selected) current.
+
+    A `field_selector` of `metadata.name=<name>` watches one object: RBAC then authorizes the LIST and
+    WATCH against a Role rule restricted by `resourceNames` to that name (the frontend's API-key Secret).
+    """
 
     def __init__(self, api: kube_mod.KubeApi, kind: str, *, namespace: str | None = None,
-                 labels: dict[str, str] | None = None, store: Store | None = None,
+                 labels: dict[str, str] | None = None, field_selector: str | None = None, store: Store | None = None,
                  on_event: Handler | None = None, timeout_s: int = 300, max_pause_s: float = 30.0) -> None:
         self.api = api
         self.kind = kind
         self.namespace = namespace
         self.labels = labels
+        self.field_selector = field_selector
         self.store = store if store is not None else Store()
         self.on_event = on_event
         self.timeout_s = timeout_s
@@ -140,7 +145,8 @@ class Informer:
 
     def __repr__(self) -> str:
         where = self.namespace or "all namespaces"
-        return f"Informer({self.kind} in {where}{f', {self.labels}' if self.labels else ''})"
+        selected = "".join(f", {s}" for s in (self.labels, self.field_selector) if s)
+        return f"Informer({self.kind} in {where}{selected})"
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name=repr(self))
@@ -174,7 +180,8 @@ class Informer:
                 pause = min(pause * 2, self.max_pause_s)
 
     async def _list(self) -> str:
-        listed = await self.api.list_object(self.kind, self.namespace, labels=self.labels)
+        listed = await self.api.list_object(self.kind, self.namespace, labels=self.labels,
+                                            field_selector=self.field_selector)
         self.lists += 1
         for event_type, obj in self.store.replace(listed["items"]):
             await self._deliver(event_type, obj)
@@ -185,6 +192,7 @@ class Informer:
         """Watch from `version` until the server ends it; the version to resume from, None to list again."""
         try:
             async for event_type, obj in self.api.watch(self.kind, self.namespace, labels=self.labels,
+                                                        field_selector=self.field_selector,
                                                         resource_version=version, timeout_seconds=self.timeout_s):
                 if event_type == "ERROR":
                     # 410 Gone: our version was compacted away. Anything else is as bad: list again.

@@ -57,6 +57,7 @@ KINDS: dict[str, Kind] = {
     "Service": Kind("v1", "services"),
     "ServiceAccount": Kind("v1", "serviceaccounts"),
     "ConfigMap": Kind("v1", "configmaps"),
+    "Secret": Kind("v1", "secrets"),
     "Pod": Kind("v1", "pods"),
     "Event": Kind("v1", "events"),
     "Node": Kind("v1", "nodes", namespaced=False),
@@ -215,10 +216,10 @@ class KubeApi:
 
     async def watch(
         self, kind: str, namespace: str | None, *, resource_version: str, labels: dict[str, str] | None = None,
-        timeout_seconds: int = 300,
+        field_selector: str | None = None, timeout_seconds: int = 300,
     ) -> AsyncIterator[tuple[str, Manifest]]:
         """(event type, object) pairs until the server ends the watch; the caller re-lists on error."""
-        params = {**_selectors(labels, None), "watch": "true", "resourceVersion": resource_version,
+        params = {**_selectors(labels, field_selector), "watch": "true", "resourceVersion": resource_version,
                   "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
         async with self._http.stream("GET", KINDS[kind].path(namespace), params=params, headers=self._headers(),
                                      timeout=httpx.Timeout(timeout_seconds + 30, connect=5.0)) as response:

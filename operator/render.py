@@ -253,7 +253,21 @@ def frontend_command(graph: api.DynamoGraph) -> tuple[list[str], list[str]]:
         "--router", components.frontend.router.policy, "--host", "0.0.0.0", "--port", str(HTTP_PORT),
         "--drain-seconds", str(components.frontend.drain_seconds),
         "--hold-seconds", str(components.hold_seconds()), "--hold-queue", str(components.frontend.hold_queue),
+        *frontend_auth_args(graph),
     ]
+
+
+def frontend_auth_args(graph: api.DynamoGraph) -> list[str]:
+    """The frontend's API-key flags: the Secret it watches (in its own namespace, `--namespace`) and the
+    per-key in-flight limit; none without `frontend.auth`. The Secret's name is in the pod spec, never
+    its content: a rotation edits the Secret, not the Deployment, so it restarts nothing."""
+    auth = graph.spec.components.frontend.auth
+    if auth is None:
+        return []
+    args = ["--api-key-secret", auth.api_key_secret_ref.name]
+    if auth.max_in_flight_per_key is not None:
+        args += ["--max-in-flight-per-key", str(auth.max_in_flight_per_key)]
+    return args
 
 
 # -- workload ----------------------------------------------------------------------------------------
@@ -614,15 +628,22 @@ def group_workers(graph: api.DynamoGraph, component: api.ComponentName, *, leade
 
 
 def frontend_rbac(graph: api.DynamoGraph, owner: OwnerRef) -> list[Manifest]:
-    """The frontend discovers workers by watching Pods of its graph: read-only, one namespace."""
+    """The frontend discovers workers by watching Pods of its graph: read-only, one namespace. With API
+    keys it also lists and watches its key Secret, that one by name (`resourceNames`: RBAC authorizes a
+    LIST or WATCH selected by `metadata.name`, what the frontend sends), and no other Secret."""
     name = contract.child_name(graph.metadata.name, "frontend")
+    rules: list[Manifest] = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    auth = graph.spec.components.frontend.auth
+    if auth is not None:
+        rules.append({"apiGroups": [""], "resources": ["secrets"], "resourceNames": [auth.api_key_secret_ref.name],
+                      "verbs": ["list", "watch"]})
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(graph, "frontend", owner)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": _meta(graph, "frontend", owner),
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+            "rules": rules,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

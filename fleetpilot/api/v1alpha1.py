@@ -157,6 +157,34 @@ def _drain_seconds() -> Any:
 FRONTEND_MAX_REPLICAS = 100
 
 
+#: A DNS-1123 subdomain: the names of Secrets and most other objects.
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class SecretRef(ApiModel):
+    """A Secret in the graph's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN, description="The Secret's name.")
+
+
+class FrontendAuthSpec(ApiModel):
+    """Who may send the frontend requests: API keys, checked before anything else sees a request."""
+
+    api_key_secret_ref: SecretRef = Field(
+        description=("A Secret in the graph's namespace whose every data value is one valid API key (the data "
+                     "keys only name them). Clients send one as `Authorization: Bearer <key>`; without a valid one "
+                     "they get OpenAI's 401 (invalid_api_key). The frontend watches the Secret, so an edit takes "
+                     "effect within seconds without a restart: to rotate, add the new key, move the clients, remove "
+                     "the old one. While the Secret is missing or empty every request is refused. /health, /ready "
+                     "and /metrics need no key."),
+    )
+    max_in_flight_per_key: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description=("Most requests in flight at once per API key and frontend replica; one more gets 429 with "
+                     "Retry-After. Unset: no limit."),
+    )
+
+
 class FrontendSpec(ApiModel):
     """The OpenAI-compatible router in front of the workers."""
 
@@ -175,6 +203,8 @@ class FrontendSpec(ApiModel):
         default=256, ge=1, le=100_000,
         description="Most requests held at once per frontend; one more gets 503 with Retry-After at once.",
     )
+    auth: FrontendAuthSpec | None = Field(
+        default=None, description="API keys the frontend requires. Unset: it serves any request.")
 
 
 class WorkerSpec(ApiModel):

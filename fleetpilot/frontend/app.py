@@ -16,6 +16,11 @@ worker's `/tokenize` when a cheap bound cannot tell that it fits), a streaming r
 before its first token gets a JSON error with a 4xx/5xx status rather than a 200 and an error event,
 a worker's own refusal is relayed with its status, message and `param`, and no worker address ever
 reaches a client (it goes to the log, with the request id).
+
+With API keys (`auth.py`) every route but /health, /ready and /metrics first passes `auth.ApiKeyAuth`: a
+request without a valid `Authorization: Bearer` key gets OpenAI's 401 before validation, holding or any
+metric of the contract sees it, and a key at its in-flight limit gets a 429 with Retry-After. Client
+headers are never forwarded to a worker, so a key goes no further than the frontend.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleetpilot.api import contract
-from fleetpilot.frontend import routing
+from fleetpilot.frontend import auth, routing
 from fleetpilot.frontend.discovery import Discovery
 from fleetpilot.frontend.metrics import PHASES, FrontendMetrics
 from fleetpilot.frontend.validation import (
@@ -191,6 +196,8 @@ class Frontend:
         max_model_len: int | None = None,
         hold_seconds: float = 0.0,
         hold_queue: int = 256,
+        api_keys: auth.Keys | None = None,
+        max_in_flight_per_key: int | None = None,
     ) -> None:
         if mode not in ("disaggregated", "aggregated"):
             raise ValueError(f"mode must be disaggregated or aggregated, not {mode!r}")
@@ -204,6 +211,12 @@ class Frontend:
             self.metrics.in_phase.labels(model, phase)
         for status in ("ok", "error", "cancelled"):  # so is every outcome: an error ratio of 0 is a reading
             self.metrics.requests.labels(model, status)
+        # Without keys every request is served, as before; with them, `auth.ApiKeyAuth` guards the API.
+        self.api_keys = api_keys
+        self.max_in_flight_per_key = max_in_flight_per_key
+        if api_keys is not None:
+            for reason in auth.REASONS:  # every refusal reason exported at 0 from the start
+                self.metrics.auth_refusals.labels(model, reason)
         self.retries = retries
         self.request_timeout = request_timeout
         self.max_model_len = max_model_len  # the flag's, else learned from the first worker that counts a prompt
@@ -700,6 +713,9 @@ class Frontend:
             return JSONResponse({"status": "not ready", "missing_workers": missing}, status_code=503)
         return JSONResponse({"status": "ready", "missing_workers": []})
 
+    def _auth_refused(self, reason: str) -> None:
+        self.metrics.auth_refusals.labels(self.model, reason).inc()
+
     async def metrics_endpoint(self, request: Request) -> Response:
         return Response(prometheus_client.generate_latest(self.metrics.registry),
                         media_type=prometheus_client.CONTENT_TYPE_LATEST)
@@ -707,12 +723,23 @@ class Frontend:
     def app(self) -> Starlette:
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            if self.api_keys is not None:
+                await self.api_keys.start()
             await self.discovery.start()
             try:
                 yield
             finally:
                 await self.discovery.stop()
+                if self.api_keys is not None:
+                    await self.api_keys.stop()
                 await self.client.aclose()
+
+        middleware = [Middleware(StampArrival)]
+        if self.api_keys is not None:
+            # Inside the arrival stamp, outside the routes: a refused request costs a hash and a comparison.
+            middleware.append(Middleware(auth.ApiKeyAuth, keys=self.api_keys,
+                                         max_in_flight=self.max_in_flight_per_key,
+                                         on_refused=self._auth_refused))
 
         return Starlette(
             routes=[
@@ -724,7 +751,7 @@ class Frontend:
                 Route("/ready", self.ready, methods=["GET"]),
                 Route("/metrics", self.metrics_endpoint, methods=["GET"]),
             ],
-            middleware=[Middleware(StampArrival)],
+            middleware=middleware,
             lifespan=lifespan,
             exception_handlers={404: _not_found, 405: _not_allowed},
         )

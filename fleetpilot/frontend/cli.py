@@ -1,7 +1,9 @@
 """`fleetpilot frontend`: serve the router with uvicorn, and drain on SIGTERM.
 
 On SIGTERM the frontend reports itself unhealthy (so a load balancer stops sending), stops
-accepting connections, and lets in-flight streams finish within `--drain-seconds`.
+accepting connections, and lets in-flight streams finish within `--drain-seconds`. With
+`--api-key-secret` (a watched Secret in `--namespace`) or `--api-key-file` it requires an API key
+(`auth.py`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import asyncio
 import importlib.util
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from fleetpilot import kube
 from fleetpilot.frontend import app as app_mod
-from fleetpilot.frontend import discovery, routing
+from fleetpilot.frontend import auth, discovery, routing
 
 
 def _stamping_protocol() -> type[asyncio.Protocol] | None:
@@ -56,6 +60,13 @@ class DrainingServer(uvicorn.Server):
 
 
 def build(args: argparse.Namespace) -> app_mod.Frontend:
+    apis: list[kube.KubeApi] = []  # one Kubernetes client for pod discovery and the key Secret, made when needed
+
+    def api() -> kube.KubeApi:
+        if not apis:
+            apis.append(kube.KubeApi())
+        return apis[0]
+
     static = {"prefill": args.prefill_url, "decode": args.decode_url, "aggregated": args.worker_url}
     found: discovery.Discovery
     if any(static.values()):
@@ -63,15 +74,25 @@ def build(args: argparse.Namespace) -> app_mod.Frontend:
     else:
         if not (args.graph and args.namespace):
             raise SystemExit("fleetpilot frontend: give --graph and --namespace (pod discovery) or worker URLs")
-        from fleetpilot import kube
-
-        found = discovery.PodDiscovery(kube.KubeApi(), namespace=args.namespace, graph=args.graph)
+        found = discovery.PodDiscovery(api(), namespace=args.namespace, graph=args.graph)
+    if args.api_key_secret and args.api_key_file:
+        raise SystemExit("fleetpilot frontend: give --api-key-secret or --api-key-file, not both")
+    keys: auth.Keys | None = None
+    if args.api_key_secret:
+        if not args.namespace:
+            raise SystemExit("fleetpilot frontend: --api-key-secret needs --namespace (the Secret's)")
+        keys = auth.SecretKeys(api(), namespace=args.namespace, name=args.api_key_secret)
+    elif args.api_key_file:
+        keys = auth.FileKeys(Path(args.api_key_file))
+    if args.max_in_flight_per_key is not None and keys is None:
+        raise SystemExit("fleetpilot frontend: --max-in-flight-per-key needs --api-key-secret or --api-key-file")
     if args.mode == "disaggregated" and args.engine not in ("vllm", "simulator"):
         raise SystemExit(f"fleetpilot frontend: disaggregated routing for {args.engine} is not implemented yet;"
                          " only vLLM's kv_transfer_params protocol (vllm, simulator) is")
     return app_mod.Frontend(model=args.model, mode=args.mode, discovery=found, policy=routing.make_policy(args.router),
                             retries=args.retries, max_model_len=args.max_model_len, hold_seconds=args.hold_seconds,
-                            hold_queue=args.hold_queue)
+                            hold_queue=args.hold_queue, api_keys=keys,
+                            max_in_flight_per_key=args.max_in_flight_per_key)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,4 +135,20 @@ def add_parser(sub: Any) -> None:
                              "starting); 0: 503 with Retry-After at once")
     parser.add_argument("--hold-queue", type=int, default=256,
                         help="most requests held at once; one more gets 503 with Retry-After at once")
+    parser.add_argument("--api-key-secret", metavar="NAME",
+                        help="require an API key (Authorization: Bearer): every data value of this Secret in "
+                             "--namespace is one, watched so that a rotation takes effect without a restart; "
+                             "until it is read, and while it is missing or empty, every request is refused (401)")
+    parser.add_argument("--api-key-file", metavar="PATH",
+                        help="require an API key from this file, one per line (# comments), re-read when it "
+                             "changes: for a frontend outside Kubernetes")
+    parser.add_argument("--max-in-flight-per-key", type=positive_int, default=None, metavar="N",
+                        help="most requests in flight per API key; one more gets 429 with Retry-After")
     parser.set_defaults(func=run)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value

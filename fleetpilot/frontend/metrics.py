@@ -50,6 +50,11 @@ class FrontendMetrics:
         self.rejected = Counter("fleetpilot_frontend_requests_rejected",
                                 "Requests refused before any worker saw them, by the field at fault (param).",
                                 ["model", "param"], registry=r)
+        self.auth_refusals = Counter(
+            "fleetpilot_frontend_auth_refusals",
+            "Requests refused by the API-key check before anything else saw them, by reason: missing_key, "
+            "invalid_key, no_keys (none in force: 401) or in_flight_limit (429). Never labelled by key; only "
+            "exported by a frontend with API keys on.", ["model", "reason"], registry=r)
         self.in_phase = Gauge(
             contract.PHASE_METRIC,
             "Requests in flight by where they are: prefill (the prefill hop: queued or computing), first_token "

@@ -280,6 +280,19 @@ def test_snake_case_field_on_the_wire_is_not_confused_with_a_typo() -> None:
             {"engine": {"framework": "vllm", "image": "x", "env": [{"name": "1BAD"}]}},
             ("spec", "engine", "env", 0, "name"),
         ),
+        (
+            {"components": {"frontend": {"auth": {"apiKeySecretRef": {"name": "Keys_1"}}}, "aggregated": {}}},
+            ("spec", "components", "frontend", "auth", "apiKeySecretRef", "name"),
+        ),
+        (
+            {"components": {"frontend": {"auth": {"apiKeySecretRef": {"name": "keys"}, "maxInFlightPerKey": 0}},
+                            "aggregated": {}}},
+            ("spec", "components", "frontend", "auth", "maxInFlightPerKey"),
+        ),
+        (
+            {"components": {"frontend": {"auth": {"maxInFlightPerKey": 4}}, "aggregated": {}}},
+            ("spec", "components", "frontend", "auth", "apiKeySecretRef"),
+        ),
     ],
 )
 def test_field_constraints_are_enforced(spec_change: dict[str, Any], location: tuple[Any, ...]) -> None:
@@ -398,3 +411,11 @@ def test_the_simulators_default_batch_cap_is_the_one_the_api_assumes() -> None:
     sim_cli.add_parser(parser.add_subparsers())
     parsed = parser.parse_args(["sim", "worker", "--model", "m"])
     assert parsed.max_num_seqs == scheduler.SchedulerConfig().max_num_seqs == api.SIMULATOR_MAX_NUM_SEQS
+
+
+def test_frontend_auth_is_off_unless_set_and_reads_its_secret_ref() -> None:
+    assert parse(graph_body()).spec.components.frontend.auth is None
+    keyed = parse(graph_body(components={"frontend": {"auth": {"apiKeySecretRef": {"name": "llama.keys"}}},
+                                         "aggregated": {}}))
+    auth = keyed.spec.components.frontend.auth
+    assert auth is not None and auth.api_key_secret_ref.name == "llama.keys" and auth.max_in_flight_per_key is None

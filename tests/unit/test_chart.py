@@ -489,6 +489,8 @@ def test_operator_rbac_is_exactly_what_it_uses() -> None:
         # group's admission (gate, members); delete: a group restarted or released whole (operator/groups.py).
         ("", "pods"): {"get", "list", "watch", "patch", "delete"},
         ("", "events"): {"create"},
+        # Never sent: held so that it may grant a frontend its API-key Secret (docs/adr/0072-frontend-api-keys.md).
+        ("", "secrets"): {"list", "watch"},
     }
     assert _grants(_rules(docs, "fleetpilot-operator-cluster")) == {
         ("", "nodes"): {"list"},
@@ -497,15 +499,19 @@ def test_operator_rbac_is_exactly_what_it_uses() -> None:
     }
     # The frontend Role the operator creates grants nothing the operator lacks (RBAC's escalation check).
     granted = _grants(_rules(docs, "fleetpilot-operator"))
-    for group, resource, verb in _frontend_role_rules():
+    frontend_rules = _frontend_role_rules()
+    assert ("", "secrets", "watch") in frontend_rules
+    for group, resource, verb in frontend_rules:
         assert verb in granted[(group, resource)]
 
 
 def _frontend_role_rules() -> list[tuple[str, str, str]]:
     from fleetpilot.api import v1alpha1 as api
 
-    graph = api.DynamoGraph.model_validate(yaml.safe_load((MANIFESTS / "samples" / "simulator.yaml").read_text())
-                                           | {"metadata": {"name": "g", "namespace": "n", "uid": "u"}})
+    body = yaml.safe_load((MANIFESTS / "samples" / "simulator.yaml").read_text())
+    # With API keys: the Role then also lists and watches the key Secret, which the operator must hold too.
+    body["spec"]["components"]["frontend"]["auth"] = {"apiKeySecretRef": {"name": "keys"}}
+    graph = api.DynamoGraph.model_validate(body | {"metadata": {"name": "g", "namespace": "n", "uid": "u"}})
     owner = render.OwnerRef("v1", "X", "x", "u")
     (role,) = [o for o in render.frontend_rbac(graph, owner) if o["kind"] == "Role"]
     return [(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]]

@@ -61,7 +61,8 @@ VLLM_DISAGG = graph_dict(
             ],
         },
         "components": {
-            "frontend": {"replicas": 2},
+            "frontend": {"replicas": 2,
+                         "auth": {"apiKeySecretRef": {"name": "llama-api-keys"}, "maxInFlightPerKey": 64}},
             "prefill": {"replicas": 2, "scaling": {"min": 1, "max": 6}},
             "decode": {
                 "replicas": 1,
@@ -539,9 +540,31 @@ def test_frontend_gets_its_own_service_account_and_pod_reader_role() -> None:
 
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == name
     assert account["metadata"]["name"] == role["metadata"]["name"] == name
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        # Its API-key Secret, that one alone: what a watch selected by metadata.name needs.
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["llama-api-keys"], "verbs": ["list", "watch"]},
+    ]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": "inference"}]
+
+
+def test_a_frontend_without_auth_reads_no_secret_and_gets_no_key_flags() -> None:
+    objects = render_workload(parse(SIM_DISAGG), "frontend")
+    assert one(objects, "Role")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    args = engine_container(one(objects, "Deployment"))["args"]
+    assert not [a for a in args if a.startswith("--api-key") or a == "--max-in-flight-per-key"]
+
+
+def test_a_frontend_with_auth_watches_its_key_secret_by_name_in_its_namespace() -> None:
+    args = engine_container(one(render_workload(parse(VLLM_DISAGG), "frontend"), "Deployment"))["args"]
+    assert flag_value(args, "--api-key-secret") == "llama-api-keys"
+    assert flag_value(args, "--namespace") == "$(POD_NAMESPACE)"  # the graph's: the Secret is looked up there
+    assert flag_value(args, "--max-in-flight-per-key") == "64"
+    unlimited = _changed(VLLM_DISAGG, "components.frontend.auth", {"apiKeySecretRef": {"name": "k"}})
+    unlimited_args = engine_container(one(render_workload(unlimited, "frontend"), "Deployment"))["args"]
+    assert flag_value(unlimited_args, "--api-key-secret") == "k" and "--max-in-flight-per-key" not in unlimited_args
 
 
 def test_user_service_account_replaces_frontend_rbac() -> None:
@@ -713,6 +736,7 @@ def test_what_the_engine_runs_is_a_new_generation_of_both_pools(path: str, value
     ("components.prefill.replicas", 3),
     ("podTemplate.nodeSelector", {"pool": "b"}),
     ("planner.mode", "advisory"),
+    ("components.frontend.auth", {"apiKeySecretRef": {"name": "other-keys"}}),
 ])
 def test_what_does_not_change_the_kv_cache_rolls_in_place(path: str, value: Any) -> None:
     graph = _changed(VLLM_DISAGG, path, value)
