@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import datetime
 import ipaddress
@@ -235,6 +236,20 @@ class PodRunner:
                 return candidate
         raise RuntimeError("no free pod IP left in " + str(POD_NETWORK))
 
+    async def _secrets_of(self, pod: Manifest) -> dict[str, dict[str, str]]:
+        """The Secrets the pod's env takes values from, decoded, as a kubelet reads them before it starts a
+        container; one that does not exist is left out (`podspec.secret_value` says what that means)."""
+        found = {}
+        for name in sorted(podspec.secret_names(pod)):
+            try:
+                secret = await self.api.get("Secret", pod["metadata"]["namespace"], name)
+            except kube.ApiError as error:
+                if error.not_found:
+                    continue
+                raise
+            found[name] = {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
+        return found
+
     async def _service_account_kubeconfig(self, pod: Manifest, folder: Path) -> Path | None:
         """A kubeconfig with a token bound to this pod, as the kubelet's projected token would be."""
         account = podspec.service_account(pod)
@@ -272,7 +287,7 @@ class PodRunner:
             await self._waiting(pod, "ImagePullBackOff", f'Back-off pulling image "{image}": not found')
             return
         try:
-            spec = podspec.process_spec(pod, pod_ip=ip, host_ip=node_ip)
+            spec = podspec.process_spec(pod, pod_ip=ip, host_ip=node_ip, secrets=await self._secrets_of(pod))
             peers = podspec.pod_dns_names(spec)
             if peers:
                 addresses = self._pod_addresses(pod, ip)

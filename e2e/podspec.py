@@ -5,8 +5,9 @@ watches pods, allocates the pod IP, mints the ServiceAccount token, finds the pr
 spawns it; everything it needs to read out of the pod spec for that is here:
 
 - which pods the runner owns (`is_owned`);
-- the container's env: literal values with Kubernetes' `$(VAR)` expansion, and the downward API's
-  `fieldRef`s (`container_env`, `field_value`); other `valueFrom` sources are refused;
+- the container's env: literal values with Kubernetes' `$(VAR)` expansion, the downward API's
+  `fieldRef`s (`container_env`, `field_value`), and `secretKeyRef`s from the Secrets the runner read for it
+  (`secret_names`; a kubelet reads them the same way); other `valueFrom` sources are refused;
 - its command and args, expanded against that env, a wildcard `--host` bound to the pod IP as the
   pod's own network namespace would make it (`process_spec`), and the process environment around it
   (`process_env`);
@@ -94,17 +95,49 @@ def field_value(pod: Manifest, path: str, *, pod_ip: str, host_ip: str) -> str:
     raise ValueError(f"fieldRef {path!r} is not supported by the e2e pod runner")
 
 
-def container_env(pod: Manifest, container: Manifest, *, pod_ip: str, host_ip: str) -> dict[str, str]:
+Secrets = Mapping[str, Mapping[str, str]]  # Secret name -> its data, decoded; a Secret not found is absent
+
+
+def secret_names(pod: Manifest) -> set[str]:
+    """The Secrets (in the pod's namespace) the first container's env takes values from."""
+    container = pod["spec"]["containers"][0]
+    return {item["valueFrom"]["secretKeyRef"]["name"] for item in container.get("env", [])
+            if "secretKeyRef" in item.get("valueFrom", {})}
+
+
+def secret_value(pod: Manifest, reference: Manifest, secrets: Secrets) -> str | None:
+    """A `secretKeyRef`'s value; None for an optional one whose Secret or key is missing. A required one
+    missing is the kubelet's CreateContainerConfigError, with its words."""
+    name, key, optional = reference["name"], reference["key"], reference.get("optional", False)
+    data = secrets.get(name)
+    if data is None:
+        if optional:
+            return None
+        raise ValueError(f'secret "{name}" not found')
+    if key not in data:
+        if optional:
+            return None
+        raise ValueError(f"couldn't find key {key} in Secret {pod['metadata']['namespace']}/{name}")
+    return data[key]
+
+
+def container_env(pod: Manifest, container: Manifest, *, pod_ip: str, host_ip: str,
+                  secrets: Secrets | None = None) -> dict[str, str]:
     """The container's declared env, in order, with `$(VAR)` resolved against the ones before it."""
     env: dict[str, str] = {}
     for item in container.get("env", []):
+        source = item.get("valueFrom", {})
         if "value" in item:
             env[item["name"]] = expand(str(item["value"]), env)
-        elif "fieldRef" in item.get("valueFrom", {}):
-            env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"], pod_ip=pod_ip,
-                                            host_ip=host_ip)
-        elif "valueFrom" in item:
-            raise ValueError(f"env {item['name']}: only value and fieldRef are supported by the e2e pod runner")
+        elif "fieldRef" in source:
+            env[item["name"]] = field_value(pod, source["fieldRef"]["fieldPath"], pod_ip=pod_ip, host_ip=host_ip)
+        elif "secretKeyRef" in source:
+            value = secret_value(pod, source["secretKeyRef"], secrets or {})
+            if value is not None:
+                env[item["name"]] = value
+        elif source:
+            raise ValueError(f"env {item['name']}: only value, fieldRef and secretKeyRef are supported by the "
+                             "e2e pod runner")
         else:
             env[item["name"]] = ""
     return env
@@ -121,10 +154,11 @@ def bind_to_pod_ip(args: list[str], pod_ip: str) -> list[str]:
     return out
 
 
-def process_spec(pod: Manifest, *, pod_ip: str, host_ip: str) -> ProcessSpec:
-    """The pod's first container as a process (the simulator's pods have one; the runner warns otherwise)."""
+def process_spec(pod: Manifest, *, pod_ip: str, host_ip: str, secrets: Secrets | None = None) -> ProcessSpec:
+    """The pod's first container as a process (the simulator's pods have one; the runner warns otherwise);
+    `secrets`: the Secrets of `secret_names(pod)` that exist."""
     container = pod["spec"]["containers"][0]
-    env = container_env(pod, container, pod_ip=pod_ip, host_ip=host_ip)
+    env = container_env(pod, container, pod_ip=pod_ip, host_ip=host_ip, secrets=secrets)
     command = [expand(part, env) for part in container.get("command", [])]
     args = [expand(part, env) for part in container.get("args", [])]
     if not command:

@@ -6,6 +6,10 @@ measured at the client is compared with what the frontend exported for the same 
 token totals must agree exactly; the frontend's TTFT can only be shorter than the client's (it cannot
 see the connect, the request's way in, or the first chunk's way out) and must still cover the prefill
 and the KV transfer. The measured difference is written to e2e/results/aiperf.json for the record.
+
+The graph's engines take a model-hub token from a Secret (`engine.env` with `valueFrom.secretKeyRef`), as
+a real graph would: the workers' Deployments carry the reference and never the token, and the running
+worker processes have it in their environment (the pod runner resolves it as a kubelet does).
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import scenario as scenario_mod
 from conftest import Graph
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetpilot.devcluster import processes
+
 REQUESTS = 48
 CONCURRENCY = 4
 ISL, OSL = 256, 24
+HUB_SECRET, HUB_TOKEN = "hub-token", "hf_e2e_0d6c2f8e41b7a953"
 
 
 def frontend_totals(url: str) -> dict[str, float]:
@@ -38,13 +45,36 @@ def frontend_totals(url: str) -> dict[str, float]:
     return totals
 
 
+def assert_hub_token_from_the_secret(harness: harness_mod.Harness, namespace: str) -> None:
+    """Every worker Deployment names the Secret and holds no token; every worker process has the token."""
+    deployments = harness.kubectl.json("get", "deployments", "-n", namespace, "-l", "fleetpilot.dev/component in (prefill,decode)")
+    assert len(deployments["items"]) == 2, [d["metadata"]["name"] for d in deployments["items"]]
+    for deployment in deployments["items"]:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        hub = [item for item in container.get("env", []) if item["name"] == "HF_TOKEN"]
+        assert hub == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HUB_SECRET, "key": "token"}}}], hub
+        assert HUB_TOKEN not in json.dumps(deployment)
+    pods = harness.kubectl.json("get", "pods", "-n", namespace, "-l", "fleetpilot.dev/component in (prefill,decode)")
+    for pod in pods["items"]:
+        pid = processes.alive(harness.state / "pods" / "pids" / f"{pod['metadata']['uid']}.pid")
+        assert pid is not None, f"{pod['metadata']['name']} has no running process"
+        environ = dict(entry.split("=", 1) for entry in
+                       Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry)
+        assert environ.get("HF_TOKEN") == HUB_TOKEN, pod["metadata"]["name"]
+
+
 def test_aiperf_sees_what_the_frontend_counts(harness: harness_mod.Harness, results: Path) -> None:
     s = dataclasses.replace(scenario_mod.ClosedLoop(), namespace="e2e-aiperf", graph="aiperf", speedup=0.5)
     graph = Graph(harness, s)
     graph.kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": s.namespace}})
-    graph.kubectl.apply([s.profile_config_map(), s.graph_manifest(mode="off")])
+    manifest = s.graph_manifest(mode="off")
+    manifest["spec"]["engine"]["env"] = [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HUB_SECRET, "key": "token"}}}]
+    graph.kubectl.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": HUB_SECRET, "namespace": s.namespace},
+                          "stringData": {"token": HUB_TOKEN}}, s.profile_config_map(), manifest])
     try:
         url = graph.wait_ready()
+        assert_hub_token_from_the_secret(harness, s.namespace)
         before = frontend_totals(url)
         run = aiperf_run.profile(url, model=s.served_model, out=results / "aiperf", requests=REQUESTS,
                                  concurrency=CONCURRENCY, isl=ISL, osl=OSL)

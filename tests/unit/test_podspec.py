@@ -74,10 +74,32 @@ def test_an_unknown_field_path_is_an_error_that_names_it() -> None:
         podspec.container_env(pod, pod["spec"]["containers"][0], **IPS)
 
 
-def test_env_from_secrets_or_config_maps_is_refused() -> None:
-    pod = make_pod(env=[{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
-    with pytest.raises(ValueError, match="env KEY: only value and fieldRef"):
+def test_env_from_config_maps_is_refused() -> None:
+    pod = make_pod(env=[{"name": "KEY", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}])
+    with pytest.raises(ValueError, match="env KEY: only value, fieldRef and secretKeyRef"):
         podspec.container_env(pod, pod["spec"]["containers"][0], **IPS)
+
+
+def secret_env(name: str, key: str, **optional: bool) -> dict[str, Any]:
+    return {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": key, **optional}}}
+
+
+def test_env_from_a_secret_key_is_its_value_and_names_the_secrets_to_read() -> None:
+    pod = make_pod(env=[{"name": "A", "value": "a"}, secret_env("hub", "token"), {"name": "B", "value": "$(HF_TOKEN)"}])
+    assert podspec.secret_names(pod) == {"hub"}
+    env = podspec.container_env(pod, pod["spec"]["containers"][0], secrets={"hub": {"token": "hf_x"}}, **IPS)
+    assert env == {"A": "a", "HF_TOKEN": "hf_x", "B": "hf_x"}
+
+
+def test_a_missing_secret_or_key_stops_the_container_as_the_kubelet_does_unless_optional() -> None:
+    container = make_pod(env=[secret_env("hub", "token")])
+    with pytest.raises(ValueError, match='secret "hub" not found'):
+        podspec.container_env(container, container["spec"]["containers"][0], secrets={}, **IPS)
+    with pytest.raises(ValueError, match="couldn't find key token in Secret team/hub"):
+        podspec.container_env(container, container["spec"]["containers"][0], secrets={"hub": {"other": "x"}}, **IPS)
+    optional = make_pod(env=[secret_env("hub", "token", optional=True)])
+    for secrets in ({}, {"hub": {"other": "x"}}):
+        assert podspec.container_env(optional, optional["spec"]["containers"][0], secrets=secrets, **IPS) == {}
 
 
 def test_command_and_args_are_expanded_and_a_wildcard_host_becomes_the_pod_ip() -> None:
