@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleetpilot.api import contract
+from fleetpilot.devcluster import pki
 
 Manifest = dict[str, Any]
 
@@ -186,12 +187,8 @@ def service_account(pod: Manifest) -> str | None:
 
 def kubeconfig(*, server: str, ca: str, account: str, namespace: str, token: str) -> Manifest:
     """A kubeconfig for one ServiceAccount token, its context defaulting to the pod's namespace."""
-    return {
-        "apiVersion": "v1", "kind": "Config", "current-context": "pod",
-        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": ca}}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "pod", "context": {"cluster": "e2e", "user": account, "namespace": namespace}}],
-    }
+    return pki.kubeconfig(cluster_name="e2e", server=server, ca=ca, user=account, credentials={"token": token},
+                          namespace=namespace)
 
 
 def probe_port(probe: Manifest, container: Manifest) -> int:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from cryptography import x509
@@ -144,15 +146,28 @@ def ensure(folder: Path, *, service_ip: str) -> Pki:
     return pki
 
 
-def write_kubeconfig(path: Path, *, pki: Pki, stem: str, server: str, cluster_name: str) -> Path:
-    """A kubeconfig authenticating as the client certificate `stem`."""
-    config = {
+def kubeconfig(*, cluster_name: str, server: str, ca: str, user: str, credentials: Mapping[str, str],
+               namespace: str | None = None) -> dict[str, Any]:
+    """The one kubeconfig every local client gets: one cluster (its server and CA file), one user with
+    `credentials` (a client certificate and key, or a ServiceAccount `token`), and the context joining
+    them, current, in `namespace` if given. Every kubeconfig the dev cluster, the tests, the benchmarks
+    and the e2e pod runner write is this document."""
+    context: dict[str, str] = {"cluster": cluster_name, "user": user}
+    if namespace is not None:
+        context["namespace"] = namespace
+    return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": cluster_name, "cluster": {"server": server, "certificate-authority": str(pki.ca)}}],
-        "users": [{"name": stem, "user": {"client-certificate": str(pki.crt(stem)), "client-key": str(pki.key(stem))}}],
-        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": stem}}],
+        "clusters": [{"name": cluster_name, "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": user, "user": dict(credentials)}],
+        "contexts": [{"name": cluster_name, "context": context}],
         "current-context": cluster_name,
     }
+
+
+def write_kubeconfig(path: Path, *, pki: Pki, stem: str, server: str, cluster_name: str) -> Path:
+    """A kubeconfig authenticating as the client certificate `stem`."""
+    config = kubeconfig(cluster_name=cluster_name, server=server, ca=str(pki.ca), user=stem,
+                        credentials={"client-certificate": str(pki.crt(stem)), "client-key": str(pki.key(stem))})
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

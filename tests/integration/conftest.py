@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from fleetpilot.devcluster import cluster as devcluster
+from fleetpilot.devcluster import pki
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL_GPUS = 32  # 4 simulated nodes x 8
@@ -182,16 +183,13 @@ def token_kubeconfig(kubectl: Kubectl, *, namespace: str, service_account: str, 
     """A kubeconfig for the test cluster that authenticates as a ServiceAccount (a TokenRequest token)."""
     token = kubectl.run("create", "token", service_account, "-n", namespace, "--duration=24h").stdout.strip()
     admin = yaml.safe_load(kubectl.kubeconfig.read_text())
-    cluster = dict(admin["clusters"][0]["cluster"])
-    if "certificate-authority" in cluster:  # relative paths are relative to the admin kubeconfig
-        cluster["certificate-authority"] = str((kubectl.kubeconfig.parent / cluster["certificate-authority"]).resolve())
+    cluster = admin["clusters"][0]["cluster"]
+    # A relative path is relative to the admin kubeconfig.
+    ca = str((kubectl.kubeconfig.parent / cluster["certificate-authority"]).resolve())
     user = f"system:serviceaccount:{namespace}:{service_account}"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "test", "cluster": cluster}],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": user}}],
-    }))
+    path.write_text(yaml.safe_dump(pki.kubeconfig(cluster_name="test", server=cluster["server"],
+                                                  ca=ca, user=user,
+                                                  credentials={"token": token})))
     path.chmod(0o600)
     return path
 
