@@ -43,8 +43,8 @@ percentile holds. The wait W lies between two ends, mixed by the pool's queue sh
 (`late_share_pooled`): one shared queue (M/G/c: the Erlang-C chance to wait, then an exponential
 wait of mean R / (c·(1 − ρ)), R = E[S²] / 2E[S], Allen–Cunneen), which is what Poisson arrivals and a
 least-loaded router give, and c separate M/G/1 queues at λ/c each (the single replica above, with the
-mix's R), which is closer to what clumped arrivals give (the Mooncake trace sends ~10 prompts at the same
-instant: its p90 prompt waited a second at 46% busy over 12 replicas, where M/G/c says nothing waits).
+mix's R), which is closer to what clumped arrivals give (prompts that arrive together queue behind each
+other however idle the pool is on average, where M/G/c says nothing waits: ADR 0021).
 The planner learns π from its fleet's TTFT (`pooling_observed`); with many replicas the shared end
 needs far fewer of them than the separate one. Without a mix every prompt is at the mean length with
 exponential service (R = S). Decode with the mix takes the context a running sequence holds as the
@@ -739,9 +739,9 @@ class CapacityModel:
         its wall (a full KV cache or batch cap), found by bisection.
 
         The margin is kept in requests/s, as for prefill, not in sequences: ITL grows with the
-        sequences, so 90% of the wall's sequences still serve ~98% of its rate (ServeGen m-large on the
-        H200 profile: 32.8 of the 33.6 requests/s its 256 slots hold), and a load that rises within an
-        interval meets the wall.
+        sequences, so a replica's rate flattens towards the wall and 90% of the wall's sequences still
+        serve nearly all of its rate (~98% on the H200 profile's 256 slots: ADR 0023), and a load that
+        rises within an interval meets the wall.
         """
         if wall <= lowest:
             return wall

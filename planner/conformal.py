@@ -42,9 +42,8 @@ import numpy as np
 SCORE_WINDOW: Final = 144
 # A level q is resolved by q / (1 − q) scores (0.999: 999): a window of SCORE_WINDOW reads every level
 # above 0.993 as its largest score, and the risks from there to the API's 0.999 all bought the same fleet
-# (ServeGen m-large: 0.995, 0.9975 and 0.99875 within 0.2% of each other, none meeting the SLA). A level
-# that needs more scores reads that many, up to the last MAX_SCORE_WINDOW; the levels below keep the
-# day-long window, which forgets a regime that ended.
+# (ADR 0017). A level that needs more scores reads that many, up to the last MAX_SCORE_WINDOW; the levels
+# below keep the day-long window, which forgets a regime that ended.
 MAX_SCORE_WINDOW: Final = 1000
 # How far one outcome moves the adaptive level (Gibbs & Candès' γ). Chosen on synthetic streams (a
 # change of noise level, tests/unit/test_conformal.py), not on any trace: 0.005, their choice for
@@ -52,8 +51,8 @@ MAX_SCORE_WINDOW: Final = 1000
 STEP_SIZE: Final = 0.02
 # Rises are read from starts within this factor of the latest value: a trough's rises are larger
 # multiples than a busy hour's (traffic returns to its daily level), and the morning ramp's multiple
-# applied at the peak sized for twice it (ServeGen m-mid at 0.9975: 118,655 GPU-h with every rise,
-# 106,346 with these; both met). A factor, not a share of any trace's range.
+# applied at the peak sizes for a rise the peak does not make. A factor, not a share of any trace's range;
+# its value is fitted, not derived: ADR 0028.
 RISE_BAND: Final = 2.0
 # Outcomes the coverage a dashboard shows is measured over.
 COVERAGE_WINDOW: Final = 144
@@ -111,7 +110,7 @@ def rise_quantile(rates: Sequence[float], steps: int, q: float, *, least: float 
     counted in the model's spread loses its unit (a calm stretch shrinks the spread, and the next jump
     scores many of them, or a wild stretch widens it and a jump scores few). A rise counted as a
     multiple of where it started is the same quantity in a calm week and a busy one, which is how the
-    traffic of a fleet jumps: ServeGen m-mid goes up by half in one interval at 1,100 req/s and at 1,500.
+    traffic of a fleet jumps: in proportion to its level, not by a fixed amount (ADR 0028).
     Split conformal again, on these ratios: covers q of exchangeable rises, with nothing set per series.
     Only rises that started within RISE_BAND of the latest value count (Mondrian conformal, by level),
     and none from at or under `least` (a ratio to a near-silence measures nothing).

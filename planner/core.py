@@ -48,28 +48,27 @@ LOADS = ("requests", "input_tokens", "output_tokens")
 MIX_INTERVALS = 6
 DEFAULT_RISK = 0.9
 # A forecast is scored for calibration only once it was made from this many intervals. Scores are errors
-# in units of the model's spread, and a spread estimated from three points is no unit: a burst after two
-# quiet minutes scores 12 of them, and once the spread has grown to what the series really does, that
-# score, still in the window, sizes for several times the peak (Azure code ×4: ~250 req/s forecast for
-# a trace that never passes 42). Until then the model's own quantile stands (`conformal.quantile`).
+# in units of the model's spread, and a spread estimated from three points is no unit: a burst after a
+# few quiet minutes scores many of them, and once the spread has grown to what the series really does, that
+# score, still in the window, sizes for several times the peak (ADR 0016). Until then the model's own
+# quantile stands (`conformal.quantile`).
 SCORED_FROM_INTERVALS = conformal.MIN_SCORES
 # A pool above what this quantile of the load needs scales down to it at once, without the hold
 # (`sizing.constrain`): the load is exceeded one interval in a hundred.
 CAUTIOUS_RISK = 0.99
 # ... or, planning at a risk near it or above, a quantile this many times rarer than the risk's own.
+# Fitted, not derived: ADR 0024.
 CAUTIOUS_RARER = 10.0
 
 
 def cautious_risk(risk: float) -> float | None:
     """The quantile that lets a scale-down skip the hold: rarer than the planning risk's, or it would be
     the very load the plan sized for, and at risk 0.99 and above every scale-down would skip the hold
-    (ServeGen m-large at 0.99875: 2 → 1 prefill one interval after 23.5 req/s, then a step back to 23.9
-    met one replica).
+    (ADR 0024).
 
     None where that level is rarer than the scores a calibration keeps can resolve (planning above risk
-    0.99): read as the largest score kept, it claimed a safety nothing had shown (m-large at 0.99875: the
-    largest of 685 scores, 3.6 spreads, cut prefill 2 → 1 and a load 5 spreads over the forecast came).
-    Every scale-down then waits for the hold.
+    0.99): read as the largest score kept, it would claim a safety nothing has shown, and a load beyond
+    every kept score then meets the cut fleet (ADR 0024). Every scale-down then waits for the hold.
     """
     level = max(CAUTIOUS_RISK, 1.0 - (1.0 - risk) / CAUTIOUS_RARER)
     return level if conformal.resolvable(level) else None
@@ -417,18 +416,17 @@ def implausible_lull(rate_rps: float, rates: tuple[float, ...], interval_s: floa
     would be silent less than once in a million intervals (pure); None where such quiet is ordinary for
     this graph (no history, or one that has been this quiet).
 
-    Traffic that stops dead (ServeGen m-mid: 2,100 req/s, then two hours of nothing, then 2,100 again)
-    is an outage upstream or a gap in the data, not a trough: a fleet scaled down through it meets the
-    returning load with a quarter of what it needs. Judged against the quietest interval, not the mean:
-    on/off traffic (Azure code, a few requests a minute) has silent minutes, so its history has
-    intervals near zero and its silences are planned as ever; so does a decline to zero, which passes
-    through quiet intervals first. Nor is a short history evidence: it takes `_SILENCE_HISTORY`
-    intervals without a quiet one (Azure code's first minute is busy, its second and third silent).
+    Traffic that stops dead and then returns at its former level is an outage upstream or a gap in the
+    data, not a trough: a fleet scaled down through it meets the returning load with a fraction of what
+    it needs (ADR 0029). Judged against the quietest interval, not the mean: on/off traffic (a few
+    requests a minute) has silent minutes, so its history has intervals near zero and its silences are
+    planned as ever; so does a decline to zero, which passes through quiet intervals first. Nor is a
+    short history evidence: it takes `_SILENCE_HISTORY` intervals without a quiet one (on/off traffic
+    can open with a busy interval before its first silent one).
 
     An outage upstream seldom silences a graph whole: retries, health checks and a region that still
-    reaches it leave a trickle (m-mid day 9.7: 1–25 req/s for two hours after 1,000–2,400, then 1,728
-    at once). A fall to under a tenth of the quietest interval remembered, within one interval, is the
-    same event: demand that declines passes through its quieter levels first.
+    reaches it leave a trickle. A fall to under LULL_SHARE of the quietest interval remembered, within
+    one interval, is the same event: demand that declines passes through its quieter levels first.
     """
     if len(rates) < _SILENCE_HISTORY:
         return None
@@ -440,6 +438,7 @@ def implausible_lull(rate_rps: float, rates: tuple[float, ...], interval_s: floa
 # Expected arrivals above which an empty interval is an outage: P(no Poisson arrival) = e^-13.8 = 1e-6.
 _SILENCE_EXPECTED = -math.log(1e-6)
 # A rate at or under this share of the quietest interval remembered is held as an outage, as silence is.
+# Fitted, not derived: ADR 0029.
 LULL_SHARE = 0.1
 # Intervals of history before a silence is judged: traffic silent one interval in five (on/off) shows a
 # quiet one within 30 but for one time in a thousand.
@@ -628,8 +627,9 @@ def realise(memory: GraphMemory, *, rate: float, isl: float, osl: float, risk: f
 def rise_floor(forecast: PendingForecast, rates: tuple[float, ...], risk: float) -> float:
     """The least rate (req/s) a plan at a rare `risk` sizes for: the latest rate times the risk quantile of
     the rises over the horizon (`conformal.rise_quantile`); 0 at a risk the day window resolves, where
-    the forecast's scores alone carry it. ServeGen m-mid at 0.99875 met 1.57× and 1.50× jumps with a
-    fleet sized from scores a calm stretch had shrunk; rises of that size had been seen before both.
+    the forecast's scores alone carry it. A calm stretch shrinks the spread the scores count in, so a
+    jump no larger than ones seen before can score more spreads than any score kept; counted as a
+    multiple of the rate, it is no larger than before (ADR 0028).
     """
     if not rates or not conformal.rare(risk):
         return 0.0
@@ -786,9 +786,8 @@ def plan_interval(
     most = {pool: bound.max_replicas for pool, bound in config.bounds.items()}
     desired = size(load, capacity, config.sla, corrections, most=most)
     if memory.silent_since is not None and rate > 0:
-        # Traffic came back during the interval: what it measured is part outage, part load, so it
-        # may add replicas but not take any away (ServeGen m-mid: 14 req/s measured as 2,100 resumed,
-        # and a cut to half the fleet met them).
+        # Traffic came back during the interval: what it measured is part outage, part load, so its
+        # rate understates the load that resumed; it may add replicas but not take any away (ADR 0029).
         desired = dataclasses.replace(desired, replicas={pool: max(n, current.get(pool, 0))
                                                          for pool, n in desired.replicas.items()},
                                       reason=f"{desired.reason}; traffic resumed after an outage this interval:"

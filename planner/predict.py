@@ -28,6 +28,9 @@ The predictors, from cheapest to richest:
   at short horizons it lost to `Constant` on the ServeGen traces. The one to try where weekly
   patterns or trend changes matter: it turns weekly seasonality on from two weeks of history.
 
+The accuracy comparisons here and in the predictors' docstrings are `benchmarks/predictor_bench.py`'s:
+rolling-origin forecasts of the ServeGen request rates, each predictor beside `Constant`.
+
 Defined behaviour shared by all of them:
 
 - History cleaning (`clean_history`): non-finite values are gaps; leading gaps are dropped, interior
@@ -44,9 +47,8 @@ Defined behaviour shared by all of them:
 
 Warm start: a fitted forecast carries the model's estimated parameters (`Forecast.state`), and the
 caller may hand them back as `start` for the next fit, one interval later, where the optimiser then
-begins. The answer is the same optimum to the optimiser's tolerance (forecasts within 0.3% of the cold
-fit's on 72 consecutive ServeGen m-large windows) for less CPU: ARIMA 1.3×, Kalman 1.6× (a third of the
-L-BFGS iterations; `benchmarks/predictor_bench.py --warm` measures it). Nothing is
+begins. The answer is the same optimum to the optimiser's tolerance for less CPU (fewer L-BFGS
+iterations; measured on ServeGen m-large by `benchmarks/predictor_bench.py --warm`: ADR 0020). Nothing is
 cached inside a predictor: the start is an argument, so a call is still a function of its inputs, and
 the planner keeps the state in its per-graph memory. A start that does not fit the model (a seasonal
 term came in with more history, another predictor's parameters) is ignored, and a warm fit that does

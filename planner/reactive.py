@@ -27,9 +27,9 @@ replica added when the queue shows needs a startup to serve. Each tick's arrival
 `trend_window_s` (at least `TREND_WINDOW_S`, at least a startup and a tick); the rate is fitted
 against time by least squares, and only when the slope clears `TREND_Z` standard errors does the fast
 path size each pool for the projection's lower bound a startup and a reading ahead (`rate_ahead`), as
-the plan sizes (`core.needed_ahead`). A straight line, not the log rate's: fitted on log rates, a
-burst of a few seconds at the window's end (Azure code) read as growth and cost up to 15% more
-GPU-hours for the same SLA; the line did as well on the rises that matter (ServeGen m-large).
+the plan sizes (`core.needed_ahead`). A straight line, not the log rate's: on log rates a burst after
+near-silence is a jump of several e-folds, so a few seconds of it at the window's end read as growth
+and buy replicas the SLA does not need, while the line does as well on steady rises (ADR 0027).
 
 Bounds: it only adds (scale-down stays with the predictive loop, which holds before it removes), never
 more than half the pool's active replicas in one step, never past the pool's max, and it counts

@@ -117,9 +117,9 @@ class Corrections:
     no replica count removes: it comes off the target before the profile is asked. `size` clamps the
     factors to [CORRECTION_MIN, CORRECTION_MAX] and the offsets to [0, OFFSET_MAX_SHARE × target].
 
-    (Wave 1 multiplied each pool's need by observed ÷ expected latency. A constant offset made that
-    ratio 2-3 at loads far from the target, and the planner kept two to three times the prefill
-    replicas the trace needed while TTFT sat at a third of its target.)
+    (Not observed ÷ expected latency as a factor on each pool's need: where a constant latency the
+    profile does not model dominates, that ratio stays high however many replicas run, and sizing by
+    it over-provisions. ADR 0018.)
     """
 
     prefill: float = 1.0
