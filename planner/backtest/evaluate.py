@@ -113,6 +113,7 @@ class Scenario:
     requests: tuple[traces.Request, ...] = ()  # request fidelity
     counts: np.ndarray | None = None  # fluid fidelity: arrivals per step (or per step × sub-step)
     prompt_mix: np.ndarray | None = None  # fluid, request trace: each step's mean prompt service ÷ the trace's
+    length_classes: fluid.LengthClasses | None = None  # fluid: request classes whose mix the readings follow
     step_s: float = 60.0
     isl_sample: tuple[int, ...] = ()
     osl_sample: tuple[int, ...] = ()
@@ -129,7 +130,8 @@ class Scenario:
             return driver.RequestFleet(self.fleet_config, self.requests, initial)
         assert self.counts is not None
         return fluid.FluidFleet(self.fleet_config, self.counts, step_s=self.step_s, isl_sample=self.isl_sample,
-                                osl_sample=self.osl_sample, initial=initial, prompt_mix=self.prompt_mix)
+                                osl_sample=self.osl_sample, initial=initial, prompt_mix=self.prompt_mix,
+                                length_classes=self.length_classes)
 
     def needs(self, attainment: float) -> list[dict[FleetPool, int]]:
         """The oracle's per-interval needs for this share of each interval's requests."""
@@ -326,6 +328,7 @@ def scenario_from_counts(name: str, counts: np.ndarray, *, profile: profiles.Pro
                          interval_s: float = 60.0, startup_s: float = 120.0,
                          interval_lengths: Sequence[tuple[float, float]] | None = None,
                          prompt_mix: np.ndarray | None = None,
+                         length_classes: fluid.LengthClasses | None = None,
                          bounds: Mapping[FleetPool, tuple[int, int]] | None = None,
                          timing: perfmodel.PerformanceModel | None = None,
                          burn_in_s: float | None = 0.0) -> Scenario:
@@ -333,8 +336,8 @@ def scenario_from_counts(name: str, counts: np.ndarray, *, profile: profiles.Pro
 
     `interval_lengths`: each planning interval's (mean prompt, mean output) length, what the static
     sizings read (None: the sample's means throughout); `prompt_mix`: each step's mean prompt service
-    over the sample's (`FluidFleet`); `burn_in_s` as in `scenario_from_trace`. The counts must fill
-    whole planning intervals.
+    over the sample's, and `length_classes` the classes whose mix each window's readings follow
+    (`FluidFleet`); `burn_in_s` as in `scenario_from_trace`. The counts must fill whole planning intervals.
     """
     counts = np.asarray(counts, dtype=float)
     per_interval = round(interval_s / step_s)
@@ -355,7 +358,7 @@ def scenario_from_counts(name: str, counts: np.ndarray, *, profile: profiles.Pro
         setting=policies.Setting(capacity=beliefs, sla=sla, interval_s=interval_s, startup_s=startup_s,
                                  bounds=bounds or scaled_bounds(beliefs, sla, loads),
                                  gpus_per_replica=config.gpus["decode"], decode_batch_cap=config.max_num_seqs),
-        fleet_config=config, counts=counts, prompt_mix=prompt_mix, step_s=step_s,
+        fleet_config=config, counts=counts, prompt_mix=prompt_mix, length_classes=length_classes, step_s=step_s,
         isl_sample=tuple(int(v) for v in isl), osl_sample=tuple(int(v) for v in osl), burn_in_s=burn_in_s,
     )
 

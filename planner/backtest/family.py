@@ -438,7 +438,11 @@ def family_scenario(seed: int, *, profile: profiles.Profile, sla: api.SlaTarget,
     return evaluate.scenario_from_counts(
         f"family seed {seed}", counts, profile=profile, sla=sla, step_s=step_s, interval_s=interval_s,
         startup_s=startup_s, isl_sample=[int(v) for v in isl_sample], osl_sample=[int(v) for v in osl_sample],
-        interval_lengths=means, prompt_mix=prompt_mix, description=description, timing=timing, burn_in_s=burn_in_s)
+        interval_lengths=means, prompt_mix=prompt_mix, description=description, timing=timing, burn_in_s=burn_in_s,
+        # The planner reads each window's own mix of the classes, as a live planner reads the frontend's.
+        length_classes=fluid.LengthClasses(
+            of_sample=[0] * n_long + [1] * (SAMPLE - n_long),
+            shares=np.column_stack([traffic.long_share, 1 - traffic.long_share])))
 
 
 def _clock(seconds_of_week: float) -> str:

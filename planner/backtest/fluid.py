@@ -108,12 +108,24 @@ class _Decoding:
     sequences: float  # sequences decoding at the step's end, all replicas (0 when not followed)
 
 
+@dataclasses.dataclass(frozen=True)
+class LengthClasses:
+    """Request classes whose mix moves over a run (a generated series: the family's long and short
+    prompts): the class of each sampled request, and each step's share of every class. The readings
+    (`FluidFleet.window`: mean lengths and histograms) follow each window's own mix, as the frontend's
+    histograms follow the requests that came; without classes every window reads the sample's mix."""
+
+    of_sample: Sequence[int]  # per request of the length sample, its class (0..k-1)
+    shares: np.ndarray  # per step, the share of its arrivals in each class (steps × k, rows summing to 1)
+
+
 class FluidFleet:
     """A `FleetModel` over per-step arrival counts (`arrivals[k]` requests in [k·step_s, (k+1)·step_s))."""
 
     def __init__(self, config: FleetConfig, arrivals: Sequence[float] | np.ndarray, *, step_s: float,
                  isl_sample: Sequence[int], osl_sample: Sequence[int], initial: Mapping[FleetPool, int],
-                 seed: int = 0, prompt_mix: Sequence[float] | np.ndarray | None = None) -> None:
+                 seed: int = 0, prompt_mix: Sequence[float] | np.ndarray | None = None,
+                 length_classes: LengthClasses | None = None) -> None:
         self.config = config
         self.timing = config.timing
         self.step_s = step_s
@@ -145,6 +157,23 @@ class FluidFleet:
         isl_histogram, osl_histogram = lengths.of_lengths(list(self.isl)), lengths.of_lengths(list(self.osl))
         assert isl_histogram is not None and osl_histogram is not None
         self._length_histograms = (isl_histogram, osl_histogram)
+        # With length classes, each class's histograms within the sample, and every step's shares of them.
+        self._class_histograms: list[tuple[lengths.Histogram, lengths.Histogram, int]] = []
+        self._class_shares: np.ndarray | None = None
+        if length_classes is not None:
+            of_sample = np.asarray(length_classes.of_sample)[pick]
+            shares = np.asarray(length_classes.shares, dtype=float)
+            if shares.shape[0] != len(self.arrivals) or len(length_classes.of_sample) != len(isl_sample):
+                raise ValueError(f"length classes need one class per sampled request ({len(isl_sample)}) and "
+                                 f"one row of shares per step ({len(self.arrivals)})")
+            for c in range(shares.shape[1]):
+                mine = of_sample == c
+                isl_c, osl_c = lengths.of_lengths(list(self.isl[mine])), lengths.of_lengths(list(self.osl[mine]))
+                if isl_c is None or osl_c is None:  # a class too rare to be in the sample reads as the others
+                    shares = np.delete(shares, len(self._class_histograms), axis=1)
+                    continue
+                self._class_histograms.append((isl_c, osl_c, int(mine.sum())))
+            self._class_shares = shares
         # Fixed quantiles for the waiting time, so a run is deterministic and percentiles are smooth.
         self._wait_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))
         self._place_u = rng.permutation((np.arange(len(self.isl)) + 0.5) / len(self.isl))  # when in the step
@@ -258,9 +287,11 @@ class FluidFleet:
                                          weights=counts[busy]))
             itl_mean = float(np.average([s.itl.mean() for s, b in zip(chosen, busy, strict=True) if b],
                                         weights=counts[busy]))
+        isl_histogram, osl_histogram = (None, None) if gauges_only else self._histograms(lo, hi, total)
         return WindowStats(
             start=start, end=end, arrivals=int(total), rate_rps=total / length,
-            isl_mean=self.isl_mean if total else None, osl_mean=self.osl_mean if total else None,
+            isl_mean=(isl_histogram.mean if isl_histogram else self.isl_mean) if total else None,
+            osl_mean=(osl_histogram.mean if osl_histogram else self.osl_mean) if total else None,
             ttft_p=ttft, itl_p=itl, ttft_mean=ttft_mean, itl_mean=itl_mean,
             prefill_busy=float(np.mean([s.busy for s in chosen])) if chosen else 0.0,
             decode_kv_usage=float(np.mean([s.kv_usage for s in chosen])) if chosen else 0.0,
@@ -269,9 +300,25 @@ class FluidFleet:
             prefill_p=prefill,
             burst_rate_p=self._burst_rate(lo, hi, percentile) if total > 0 and not gauges_only else None,
             **self._gauges(chosen[-1] if chosen else None),
-            isl_histogram=None if gauges_only else self._histogram(0, total),
-            osl_histogram=None if gauges_only else self._histogram(1, total),
+            isl_histogram=isl_histogram, osl_histogram=osl_histogram,
         )
+
+    def _histograms(self, lo: int, hi: int, total: float) -> tuple[lengths.Histogram | None, lengths.Histogram | None]:
+        """The prompt and output length histograms of steps [lo, hi)'s `total` arrivals: the sample's, or with
+        length classes, each class's in proportion to the arrivals it had in those steps."""
+        if self._class_shares is None or total <= 0:
+            return self._histogram(0, total), self._histogram(1, total)
+        per_class = self.arrivals[lo:hi] @ self._class_shares[lo:hi]
+        scale = total / per_class.sum() if per_class.sum() > 0 else 0.0
+        pooled = []
+        for which in (0, 1):
+            parts = []
+            for (isl_c, osl_c, size), arrivals_c in zip(self._class_histograms, per_class, strict=True):
+                if arrivals_c > 0:
+                    own = isl_c if which == 0 else osl_c
+                    parts.append(lengths.Histogram(tuple(n * arrivals_c * scale / size for n in own.counts), own.mean))
+            pooled.append(lengths.pooled(parts))
+        return pooled[0], pooled[1]
 
     def _histogram(self, which: int, arrivals: float) -> lengths.Histogram | None:
         """The length histogram (0: prompts, 1: outputs) of `arrivals` requests drawn from the trace's sample."""

@@ -155,6 +155,29 @@ def test_the_mix_shift_changes_the_mean_prompt_length_after_its_time(profile: An
     assert mix[minutes > p.shift.at_s + p.shift.over_s].mean() > 1.2 * mix[minutes < p.shift.at_s].mean()
 
 
+def test_the_planners_readings_follow_the_mix_shift_as_the_frontends_histograms_would(profile: Any) -> None:
+    seed = _seed_with(lambda p: p.shift.after - p.shift.before > 0.5)
+    scenario = family.family_scenario(seed, profile=profile, sla=SLA, duration_s=3 * 3600)
+    p = family.draw(seed, duration_s=3 * 3600)
+    fleet = scenario.make_fleet({"prefill": 1, "decode": 1})
+    minutes = [m for m in range(10, len(scenario.loads)) if scenario.rates[m] > 0]
+    before = [m for m in minutes if (m + 1) * 60 < p.shift.at_s]
+    after = [m for m in minutes if m * 60 > p.shift.at_s + p.shift.over_s]
+    windows = {m: fleet.window(m * 60.0, (m + 1) * 60.0, percentile=90) for m in before[-5:] + after[:5]}
+    for m, window in windows.items():
+        # What the planner reads of a minute is that minute's mix: the static sizings' lengths (from the
+        # classes' whole draws; the fluid's sample is picked at prompt-length quantiles, which keeps the
+        # prompts' means closer than the outputs'), and a histogram of that minute's arrivals, same mean.
+        assert window.isl_mean == pytest.approx(scenario.loads[m].isl, rel=0.1), m
+        assert window.osl_mean == pytest.approx(scenario.loads[m].osl, rel=0.2), m
+        assert window.isl_histogram is not None and window.isl_histogram.total == pytest.approx(window.arrivals)
+        assert window.isl_histogram.mean == pytest.approx(window.isl_mean)
+    assert min(windows[m].isl_mean or 0 for m in after[:5]) > 1.5 * max(windows[m].isl_mean or 0 for m in before[-5:])
+    # Without its classes the same fleet reads the sample's mix in every window, as a rate series does.
+    plain = dataclasses.replace(scenario, length_classes=None).make_fleet({"prefill": 1, "decode": 1})
+    assert {plain.window(m * 60.0, (m + 1) * 60.0, percentile=90).isl_mean for m in windows} == {plain.isl_mean}
+
+
 def test_the_fleet_scale_is_the_replicas_the_planners_sizing_wants_at_the_base_rate(profile: Any) -> None:
     beliefs = capacity.CapacityModel(profile)
     for seed in (0, 5, 9):
