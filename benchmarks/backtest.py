@@ -243,7 +243,10 @@ def family_board(headline: Sequence[tuple[Row, Mapping[str, evaluate.Summary]]])
          "its own best setting (in brackets: its ratio to the oracle); a fleetpilot variant's captured share is "
          "(strongest baseline − fleetpilot) / (strongest baseline − oracle), in GPU-hours to meet the SLA: 100% "
          "is the oracle's cost, 0% the baseline's, below 0 dearer than the baseline. fleetpilot's default "
-         "predictor is ARIMA (`spec.planner.predictor`)."), "",
+         "predictor is ARIMA (`spec.planner.predictor`). The static baselines are sized with hindsight: "
+         "static-peak for the run's busiest planning interval, which on a seed with a flash crowd is the crowd "
+         "itself, before it has come; a causal policy meets the first crowd with what the history before it "
+         "showed."), "",
         "| policy | seeds with a share | median | worst | met where no baseline did |", "|---|---:|---:|---:|---:|",
     ]
     for g in fleetpilots:
