@@ -43,7 +43,8 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     return operator_main.run(
         namespaces=args.namespace, workers=args.workers, liveness=args.liveness, metrics_port=args.metrics_port,
-        election=args,
+        election=args, monitoring_namespace=args.monitoring_namespace,
+        control_plane_namespace=args.control_plane_namespace,
     )
 
 
@@ -62,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--workers", type=int, default=8, help="graphs reconciled concurrently")
     operator.add_argument("--liveness", default=None, help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     operator.add_argument("--metrics-port", type=int, default=8080, help="Prometheus metrics port (0: off)")
+    operator.add_argument("--monitoring-namespace", default="monitoring",
+                          help="the namespace Prometheus scrapes from: every graph's NetworkPolicies admit it to the "
+                               "pods' metrics port ('': none)")
+    operator.add_argument("--control-plane-namespace", default="",
+                          help="the namespace the operator and planner pods run in: the frontends' NetworkPolicies "
+                               "admit them ('': the operator runs outside the cluster)")
     leader.add_arguments(operator, lease_name=contract.OPERATOR)
     operator.set_defaults(func=_cmd_operator)
 

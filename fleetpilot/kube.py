@@ -64,6 +64,7 @@ KINDS: dict[str, Kind] = {
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
     "Lease": Kind("coordination.k8s.io/v1", "leases"),
 }
 

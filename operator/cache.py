@@ -43,10 +43,12 @@ WATCHED: dict[str, tuple[str, str, str]] = {
     "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     "ConfigMap": ("", "v1", "configmaps"),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
     "Pod": ("", "v1", "pods"),
 }
 #: The kinds a component may own: listed from the cache each pass to apply, adopt-check and prune.
-CHILD_KINDS = ("Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding", "ConfigMap")
+CHILD_KINDS = ("Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding",
+               "ConfigMap", "NetworkPolicy")
 WRITE_TTL_S = 60.0
 _POD_ANNOTATIONS = (contract.ANNOTATION_DELETION_COST, contract.ANNOTATION_GROUP_MEMBERS)
 

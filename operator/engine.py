@@ -16,6 +16,8 @@ differs between engines:
   bootstrap server), added after the user's environment and before the group's rendezvous port;
 - `config`: files the engine reads at start, which render.py ships as a ConfigMap per component
   and mounts read-only;
+- `peer_ports`: the ports other workers of the graph reach a worker on, for its NetworkPolicy (every
+  port unless the engine knows them all);
 - `shared_memory`: whether the pod gets a memory-backed /dev/shm (NCCL needs more than the
   container runtime's 64 MiB).
 
@@ -118,6 +120,15 @@ class Engine(abc.ABC):
 
     def config(self, role: Role) -> ConfigFiles | None:
         """Files the engine reads at start for a component of this role, or None (default)."""
+        return None
+
+    def peer_ports(self, worker: Worker) -> list[int] | None:
+        """The TCP ports `worker` is reached on by other worker pods of its graph (a disaggregated pair's KV
+        transfers, a multinode group's ranks): what its NetworkPolicy admits from them (render.py
+        `network_policy`). None, the default, is every port: NCCL's bootstrap and socket transport and NIXL's
+        UCX transport listen on ephemeral ports no flag pins, beside the rendezvous and side-channel ports
+        (`--master-port`, NIXL's side channel, SGLang's bootstrap server); a list of them would cut the
+        collectives. Asked only for a pod whose graph is disaggregated or whose replica is a group."""
         return None
 
 

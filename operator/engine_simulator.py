@@ -1,7 +1,9 @@
 """The simulator (`fleetpilot sim worker`): fleetpilot's own GPU-free engine, timed by the
 performance model, which speaks vLLM's API and metrics (fleetpilot/sim).
 
-Disaggregation: `--role prefill|decode|aggregated`; KV transfers are simulated, so no side channel.
+Disaggregation: `--role prefill|decode|aggregated`; KV transfers are simulated, so no side channel: a
+decode worker asks its prefill worker's HTTP API for the blocks, so its graph's other workers reach it
+on the HTTP port and, in a group, the rendezvous port alone (`peer_ports`).
 
 Multinode: every rank runs `fleetpilot sim worker` with the group's size, its rank and the
 leader's address; the leader serves once every rank has joined its TCP rendezvous. Every rank
@@ -35,6 +37,14 @@ class Simulator(Engine):
 
     def probes(self, worker: Worker) -> Manifest | None:
         return health_probes()  # every rank of a simulated group serves /health, the leader's ranks too
+
+    def peer_ports(self, worker: Worker) -> list[int] | None:
+        # A decode worker pulls the simulated KV blocks from its prefill worker's HTTP API; a group's ranks
+        # meet the leader on the rendezvous port, and nothing else crosses between them.
+        ports = [worker.port] if worker.disaggregated else []
+        if worker.group is not None:
+            ports.append(worker.group.port)
+        return ports
 
 
 ENGINE = Simulator()

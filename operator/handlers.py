@@ -8,7 +8,7 @@ then watches it, and two handlers see each event:
   handler until every index has finished its first list, so no reconcile ever sees half the world;
 - an **event** handler enqueues the graph: a change to the graph at once; a change to a child
   (its DynamoGraphComponent, Deployment, Service, PodDisruptionBudget, ServiceAccount, Role,
-  RoleBinding, ConfigMap or Pod) after a short pause, so a burst of them costs one reconcile, except
+  RoleBinding, ConfigMap, NetworkPolicy or Pod) after a short pause, so a burst of them costs one reconcile, except
   what a user asked for — a spec change such as `kubectl scale`, a child deleted or relabelled by
   hand — which goes at once and ahead of status-only events in the queue (`GraphReconciler.priority_of`).
 
@@ -84,7 +84,10 @@ async def start_reconciler(settings: kopf.OperatorSettings, memo: kopf.Memo, **k
         kube.KubeApi(),
         cache=cache.GraphCache(indexes),
         settings=render.RenderSettings(
-            fleetpilot_image=os.environ.get("FLEETPILOT_IMAGE", render.RenderSettings.fleetpilot_image)
+            fleetpilot_image=os.environ.get("FLEETPILOT_IMAGE", render.RenderSettings.fleetpilot_image),
+            # `fleetpilot operator run --monitoring-namespace/--control-plane-namespace` (operator/main.py).
+            monitoring_namespace=memo.get("monitoring_namespace", render.RenderSettings.monitoring_namespace),
+            control_plane_namespace=memo.get("control_plane_namespace", render.RenderSettings.control_plane_namespace),
         ),
         workers=int(memo.get("workers", 8)),
         resync_seconds=float(os.environ.get("FLEETPILOT_RESYNC_SECONDS", "300")),

@@ -29,8 +29,10 @@ logger = logging.getLogger("fleetpilot.operator")
 
 
 def run(*, namespaces: list[str], workers: int, liveness: str | None, metrics_port: int,
-        election: argparse.Namespace | None = None) -> int:
-    """Run until SIGTERM; `election` holds the --leader-elect flags (`leader.add_arguments`)."""
+        election: argparse.Namespace | None = None, monitoring_namespace: str = "monitoring",
+        control_plane_namespace: str = "") -> int:
+    """Run until SIGTERM; `election` holds the --leader-elect flags (`leader.add_arguments`). The two
+    namespaces reach every graph's NetworkPolicies through kopf's memo (render.RenderSettings)."""
     from fleetpilot.operator import handlers  # noqa: F401  (registers the handlers)
 
     if metrics_port:
@@ -42,7 +44,8 @@ def run(*, namespaces: list[str], workers: int, liveness: str | None, metrics_po
         "standalone": True,
         "clusterwide": not namespaces,
         "namespaces": namespaces,
-        "memo": kopf.Memo(workers=workers),
+        "memo": kopf.Memo(workers=workers, monitoring_namespace=monitoring_namespace,
+                          control_plane_namespace=control_plane_namespace),
         "liveness_endpoint": liveness,
     }
     if election is None or not election.leader_elect:

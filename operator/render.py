@@ -5,7 +5,7 @@ The first step of every reconcile, and pure: a parsed graph plus each component'
 golden tests pin the output and the reconciler only has to apply it.
 
 Ownership chain: DynamoGraph → DynamoGraphComponent (one per component) → the component's
-Deployment, Service, PodDisruptionBudget and helpers. Deleting a component from the graph deletes
+Deployment, Service, PodDisruptionBudget, NetworkPolicy and helpers. Deleting a component from the graph deletes
 its DynamoGraphComponent and Kubernetes' garbage collector takes the rest.
 
 Worker components run in *generations* (`generation_of`, rollout.py): one Deployment and one
@@ -61,6 +61,13 @@ class RenderSettings:
 
     fleetpilot_image: str = "fleetpilot/fleetpilot:0.1.0"
     frontend_requests: tuple[tuple[str, str], ...] = (("cpu", "250m"), ("memory", "256Mi"))
+    #: The namespace Prometheus scrapes from (the chart's `networkPolicy.monitoringNamespace`): every graph's
+    #: NetworkPolicies admit it to the pods' HTTP port, which serves /metrics. Empty: no namespace is.
+    monitoring_namespace: str = "monitoring"
+    #: The namespace fleetpilot's operator and planner pods run in (the chart's release namespace): the
+    #: frontends' NetworkPolicies admit them, since both read a frontend's /metrics directly (a scale-down's
+    #: per-worker load, the planner's fast path and wake-up). Empty: the operator runs outside the cluster.
+    control_plane_namespace: str = ""
 
 
 @dataclass(frozen=True)
@@ -475,8 +482,8 @@ def workload(
     generation: str | None = None,
 ) -> list[Manifest]:
     """Everything one component runs on, in dependency order: helpers (the frontend's ServiceAccount
-    and RBAC, the ConfigMap of files an engine reads, such as TensorRT-LLM's), Service, PDB, then the
-    Deployment. A worker component's Deployment and PDB are those of one generation (the graph's
+    and RBAC, the ConfigMap of files an engine reads, such as TensorRT-LLM's), the NetworkPolicy
+    (`network_policy`; none with `network.policy: none`), Service, PDB, then the Deployment. A worker component's Deployment and PDB are those of one generation (the graph's
     current one unless `generation` says otherwise); the frontend's are the component's own."""
     name = contract.child_name(graph.metadata.name, component)
     selector = selector_labels(graph.metadata.name, component)
@@ -516,7 +523,9 @@ def workload(
     # In the order they are applied, each before what needs it: the frontend's ServiceAccount and RBAC and
     # an engine's ConfigMap before the pods that mount them (a pod naming a ServiceAccount not yet made is
     # refused: FailedCreate), the Service and PDB, then the workload.
+    # The NetworkPolicy first of all: no pod of the component starts before its boundary exists.
     objects: list[Manifest] = [
+        *network_policy(graph, component, owner=owner, settings=settings),
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -653,6 +662,76 @@ def frontend_rbac(graph: api.DynamoGraph, owner: OwnerRef) -> list[Manifest]:
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": graph.metadata.namespace}],
         },
     ]
+
+
+# -- network boundaries ---------------------------------------------------------------------------------
+
+#: The label the apiserver gives every namespace, its own name: how a NetworkPolicy selects one namespace.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+#: The `app.kubernetes.io/component` of the chart's operator and planner pods.
+CONTROL_PLANE_COMPONENTS = ("operator", "planner")
+
+
+def _namespace_peer(namespace: str) -> Manifest:
+    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}}
+
+
+def _tcp(*ports: int) -> list[Manifest]:
+    return [{"protocol": "TCP", "port": port} for port in ports]
+
+
+def network_policy(graph: api.DynamoGraph, component: api.ComponentName, *, owner: OwnerRef,
+                   settings: RenderSettings) -> list[Manifest]:
+    """The component's ingress NetworkPolicy, `<graph>-<component>`, or none with `network.policy: none`.
+
+    It selects the component's pods of every generation (and every rank of a multinode group) by the
+    labels their templates carry, and lists what may reach them; a pod a NetworkPolicy selects refuses
+    every other connection. Ingress only: egress stays open, for model downloads, the frontend's API
+    watches and the engines' hubs.
+
+    - Workers: the graph's frontend pods (same namespace, `fleetpilot.dev/component: frontend`) on the
+      HTTP port; in a disaggregated graph or a multinode component, the graph's worker pods on the ports
+      the engine names (`Engine.peer_ports`: every port for real engines, whose NCCL and NIXL transports
+      use ephemeral ones; the simulator's HTTP and rendezvous ports).
+    - Frontend: `network.frontendFrom` (empty: every pod of every namespace, `namespaceSelector: {}`),
+      and the operator's and planner's pods in `settings.control_plane_namespace`, on the HTTP port.
+    - Both: the monitoring namespace on the HTTP port. /metrics is served on the API's own port, and a
+      NetworkPolicy is L3/L4: it cannot admit a scrape of /metrics and refuse a completion on one port.
+    """
+    network = graph.spec.network
+    if network.policy == "none":
+        return []
+    name = graph.metadata.name
+    rules: list[Manifest] = []
+    if component == "frontend":
+        admitted = [peer.model_dump(by_alias=True, exclude_defaults=True) for peer in network.frontend_from]
+        rules.append({"from": admitted or [{"namespaceSelector": {}}], "ports": _tcp(HTTP_PORT)})
+        if settings.control_plane_namespace:
+            control_plane = {**_namespace_peer(settings.control_plane_namespace), "podSelector": {"matchExpressions": [
+                {"key": contract.LABEL_APP_COMPONENT, "operator": "In", "values": list(CONTROL_PLANE_COMPONENTS)}]}}
+            rules.append({"from": [control_plane], "ports": _tcp(HTTP_PORT)})
+    else:
+        rules.append({"from": [{"podSelector": {"matchLabels": selector_labels(name, "frontend")}}],
+                      "ports": _tcp(HTTP_PORT)})
+        workers: list[str] = list(graph.spec.components.workers())
+        if graph.spec.components.aggregated is None or is_multinode(graph, component):
+            ports = engine_of(graph).peer_ports(worker_of(graph, component))
+            if ports is None or ports:
+                peers: Manifest = {"from": [{"podSelector": {
+                    "matchLabels": {contract.LABEL_GRAPH: name},
+                    "matchExpressions": [{"key": contract.LABEL_COMPONENT, "operator": "In", "values": workers}]}}]}
+                if ports:
+                    peers["ports"] = _tcp(*ports)
+                rules.append(peers)
+    if settings.monitoring_namespace:
+        rules.append({"from": [_namespace_peer(settings.monitoring_namespace)], "ports": _tcp(HTTP_PORT)})
+    return [{
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(graph, component, owner),
+        "spec": {"podSelector": {"matchLabels": selector_labels(name, component)}, "policyTypes": ["Ingress"],
+                 "ingress": rules},
+    }]
 
 
 def endpoint(graph: api.DynamoGraph) -> str:

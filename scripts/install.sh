@@ -7,7 +7,8 @@
 #                     scripts/install-k8s.sh into ~/.cache/fleetpilot/
 #   Prometheus        upstream prometheus and promtool with Kubernetes discovery, built by
 #                     scripts/install-prometheus.sh (Debian's has no kubernetes_sd)
-#   Go test programs  tests/*/*/ (Argo CD's and kstatus' health checks, Grafana's dashboard model),
+#   Go test programs  tests/*/*/ (Argo CD's and kstatus' health checks, Grafana's dashboard model,
+#                     cyclonus' NetworkPolicy engine),
 #                     built into ~/.cache/fleetpilot/gotools/ when their sources change
 #   aiperf            NVIDIA's benchmark client, in its own virtualenv ~/.cache/fleetpilot/aiperf-venv
 #                     (e2e drives the frontend with it as users do)

@@ -87,10 +87,24 @@ class ModelSpec(ApiModel):
     )
 
 
+# Names that say a variable holds a credential (HF_TOKEN, NGC_API_KEY, AWS_SECRET_ACCESS_KEY, ...): such a
+# variable comes from a Secret. A literal value would be copied into every Deployment and pod spec, where
+# anyone who may read those (far more people than may read Secrets) reads it too.
+CREDENTIAL_ENV_NAME = r"(?i)^(.*_)?(TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|ACCESS_KEY|PASSWORD|CREDENTIALS)$"
+
+
 class EnvVar(ApiModel):
     """An environment variable for the engine container (the core/v1 EnvVar shape)."""
 
-    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name.")
+    model_config = ConfigDict(json_schema_extra=_cel(
+        ("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", ".valueFrom"),
+        (f"!(has(self.value) && self.value != '' && self.name.matches('{CREDENTIAL_ENV_NAME}'))",
+         ("this name holds a credential: take it from a Secret with valueFrom.secretKeyRef "
+          "({name: <secret>, key: <key>}) instead of a literal value, which every Deployment would carry "
+          "in clear"), ".value"),
+    ))
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=128, description="Variable name.")
     value: str | None = None
     value_from: dict[str, Any] | None = _preserve_unknown("A core/v1 EnvVarSource.")
 
@@ -103,7 +117,7 @@ class EngineSpec(ApiModel):
         default=None, min_length=1, description="Engine image; the simulator defaults to fleetpilot's own."
     )
     args: list[str] = Field(default_factory=list, description="Extra engine flags for every worker.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment for every worker.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment for every worker.")
 
 
 class Parallelism(ApiModel):
@@ -445,6 +459,58 @@ class PlacementSpec(ApiModel):
     )
 
 
+class LabelSelectorRequirement(ApiModel):
+    """One expression of a label selector (the meta/v1 LabelSelectorRequirement shape)."""
+
+    model_config = ConfigDict(json_schema_extra=_cel(
+        (("self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0"
+          " : !has(self.values) || size(self.values) == 0"),
+         "values must be non-empty with operator In or NotIn, and empty with Exists or DoesNotExist", ".values"),
+    ))
+
+    key: str = Field(min_length=1, max_length=316, pattern=LABEL_KEY, description="The label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[Annotated[str, Field(max_length=63)]] = Field(default_factory=list, max_length=64)
+
+
+class LabelSelector(ApiModel):
+    """A meta/v1 LabelSelector; empty (`{}`), it selects everything."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=16)
+
+
+class NetworkPeer(ApiModel):
+    """Pods the frontend admits, selected as a NetworkPolicyPeer selects them."""
+
+    model_config = ConfigDict(json_schema_extra=_cel(
+        ("has(self.namespaceSelector) || has(self.podSelector)", "set namespaceSelector, podSelector or both"),
+    ))
+
+    namespace_selector: LabelSelector | None = Field(
+        default=None, description=("Namespaces: alone, every pod in them; with podSelector, those pods in them. "
+                                   "{} is every namespace."))
+    pod_selector: LabelSelector | None = Field(
+        default=None, description="Pods: alone, those in the graph's own namespace; {} is every pod.")
+
+
+class NetworkSpec(ApiModel):
+    """Who may reach the graph's pods: the NetworkPolicies the operator renders (a CNI must enforce them)."""
+
+    policy: Literal["default", "none"] = Field(
+        default="default",
+        description=("default: an ingress NetworkPolicy per component. Workers admit their graph's frontend, its "
+                     "other workers (KV transfers, a multinode group's ranks) and the operator's monitoring "
+                     "namespace; the frontend admits frontendFrom, fleetpilot's operator and planner and the "
+                     "monitoring namespace. none: no NetworkPolicy (those the operator made are deleted)."),
+    )
+    frontend_from: list[NetworkPeer] = Field(
+        default_factory=list, max_length=32,
+        description=("Who may send the frontend requests (port 8000). Empty: every pod of every namespace, "
+                     "rendered as `namespaceSelector: {}`."),
+    )
+
+
 # The GPUs a graph's worker pools need at their scaling.min, in CEL over DynamoGraphSpec (scaling, gpus
 # and nodes are defaulted, so present on every stored pool; a replica holds gpus × nodes).
 _MIN_GPUS_CEL = " + ".join(
@@ -486,6 +552,7 @@ class DynamoGraphSpec(ApiModel):
     planner: PlannerSpec = _defaulted(PlannerSpec)
     rollout: RolloutSpec = _defaulted(RolloutSpec)
     placement: PlacementSpec = _defaulted(PlacementSpec)
+    network: NetworkSpec = _defaulted(NetworkSpec)
 
     def decode_batch_cap(self) -> int | None:
         """The most sequences one decode replica runs at once, as its engine flags set it (engine.args,

@@ -35,7 +35,8 @@ from .test_planner import INTERVAL_S, planned, planned_metrics, replicas  # noqa
 pytestmark = pytest.mark.integration
 
 KILLS = 20
-CHILD_KINDS = {"dgc": 3, "deployment": 3, "service": 3, "pdb": 3, "serviceaccount": 1, "role": 1, "rolebinding": 1}
+CHILD_KINDS = {"dgc": 3, "deployment": 3, "service": 3, "pdb": 3, "networkpolicy": 3, "serviceaccount": 1, "role": 1,
+               "rolebinding": 1}
 
 
 def converged(kubectl: Kubectl, namespace: str, names: list[str]) -> bool:

@@ -200,6 +200,19 @@ INVALID: dict[str, tuple[Callable[[Graph], None], list[str]]] = {
         _set("spec.engine.env", [{"name": "1 BAD", "value": "x"}]),
         ["spec.engine.env[0].name", "should match"],
     ),
+    "literal-hub-token": (
+        _set("spec.engine.env", [{"name": "LOG_LEVEL", "value": "debug"}, {"name": "HF_TOKEN", "value": "hf_abc"}]),
+        ["spec.engine.env[1].value: Invalid value", "this name holds a credential", "valueFrom.secretKeyRef"],
+    ),
+    "literal-api-key-in-lower-case": (
+        _set("spec.engine.env", [{"name": "ngc_api_key", "value": "nvapi-abc"}]),
+        ["spec.engine.env[0].value: Invalid value", "this name holds a credential"],
+    ),
+    "env-value-and-value-from": (
+        _set("spec.engine.env", [{"name": "MODE", "value": "x",
+                                   "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]),
+        ["spec.engine.env[0].valueFrom: Invalid value", "set value or valueFrom, not both"],
+    ),
 }
 
 
@@ -215,6 +228,18 @@ def test_apiserver_rejects_invalid_graph(kubectl: Kubectl, crds: None, case: str
     # apiserver's own notice that it skipped the CEL rules of an object already invalid has no field).
     ours = [line for line in result.stderr.splitlines() if "some validation rules were not checked" not in line]
     assert not [line for line in ours if "<nil>:" in line or "spec: Invalid value" in line], result.stderr
+
+
+def test_credentials_from_a_secret_and_ordinary_literals_are_accepted(kubectl: Kubectl, crds: None) -> None:
+    """The credential rule reads names: a token from a Secret passes, and so do literals whose names only
+    look alike (`MAX_NUM_BATCHED_TOKENS`) or that are empty."""
+    graph = edit(_set("spec.engine.env", [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}},
+        {"name": "MAX_NUM_BATCHED_TOKENS", "value": "8192"},
+        {"name": "OPENAI_API_KEY", "value": ""},
+    ]))
+    result = kubectl.run("create", "--dry-run=server", "-n", "default", "-f", "-", stdin=yaml.safe_dump(graph))
+    assert "created (server dry run)" in result.stdout
 
 
 def test_the_valid_baseline_is_accepted(kubectl: Kubectl, crds: None) -> None:

@@ -190,7 +190,8 @@ def exported_metrics() -> set[str]:
     names = _family_samples(list(prometheus_client.REGISTRY.collect()))  # operator, planner, process_*
     names |= _family_samples(list(frontend_metrics.FrontendMetrics().registry.collect()))
     snapshot = types.SimpleNamespace(running=0, waiting=0, kv_usage=0.0, preemptions=0, prompt_tokens=0,
-                                     generation_tokens=0, finished={}, kv_blocks_total=0)
+                                     generation_tokens=0, finished={}, kv_blocks_total=0, prefix_cache_queries=0,
+                                     prefix_cache_hits=0, prefix_caching=True)
     sim = sim_metrics.SimMetrics(model_name="m", snapshot=lambda: snapshot)  # type: ignore[arg-type, return-value]
     names |= _family_samples(list(sim.registry.collect()))
     return names | {"up"}
@@ -367,6 +368,8 @@ def test_default_render_has_the_expected_objects() -> None:
         ("Service", NAMESPACE, "fleetpilot-planner-metrics"),
         ("PodDisruptionBudget", NAMESPACE, "fleetpilot-operator"),
         ("PodDisruptionBudget", NAMESPACE, "fleetpilot-planner"),
+        ("NetworkPolicy", NAMESPACE, "fleetpilot-operator"),
+        ("NetworkPolicy", NAMESPACE, "fleetpilot-planner"),
         ("ValidatingAdmissionPolicy", "", "fleetpilot-component-bounds"),
         ("ValidatingAdmissionPolicyBinding", "", "fleetpilot-component-bounds"),
         *[("ConfigMap", NAMESPACE, f"fleetpilot-dashboard-{p.stem}") for p in DASHBOARDS],
@@ -406,6 +409,10 @@ def test_commands_are_the_fleetpilot_cli_the_image_runs() -> None:
         assert args.namespace == ["serving", "batch"]
         assert args.metrics_port == {"operator": 8080, "planner": 8081}[component]
         assert main["ports"] == [{"name": "metrics", "containerPort": args.metrics_port, "protocol": "TCP"}]
+        if component == "operator":  # what every graph's NetworkPolicies admit (render.RenderSettings)
+            assert args.monitoring_namespace == "monitoring"
+            assert args.control_plane_namespace == "$(POD_NAMESPACE)"
+            assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in main["env"]
         if component == "planner":
             assert args.gpu_budget == ["shared=16"] and args.hold_seconds == 600
             assert args.prometheus_url == "http://prometheus-operated.monitoring.svc:9090"
@@ -485,6 +492,7 @@ def test_operator_rbac_is_exactly_what_it_uses() -> None:
         ("policy", "poddisruptionbudgets"): writes,
         ("rbac.authorization.k8s.io", "roles"): writes,
         ("rbac.authorization.k8s.io", "rolebindings"): writes,
+        ("networking.k8s.io", "networkpolicies"): writes,  # each component's ingress boundary (spec.network)
         # patch: the pod-deletion-cost written before a scale-down (operator/scaledown.py), a multinode
         # group's admission (gate, members); delete: a group restarted or released whole (operator/groups.py).
         ("", "pods"): {"get", "list", "watch", "patch", "delete"},
@@ -515,6 +523,32 @@ def _frontend_role_rules() -> list[tuple[str, str, str]]:
     owner = render.OwnerRef("v1", "X", "x", "u")
     (role,) = [o for o in render.frontend_rbac(graph, owner) if o["kind"] == "Role"]
     return [(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]]
+
+
+def test_network_policies_admit_only_the_monitoring_namespace_to_the_metrics_ports() -> None:
+    """The operator's and planner's pods serve nothing but their metrics port: one ingress rule each, from the
+    monitoring namespace (the same value the operator admits to every graph's pods), to that port alone."""
+    docs = render_chart("--set", "networkPolicy.monitoringNamespace=prom", "--set", "operator.metricsPort=9100")
+    for component, port in (("operator", 9100), ("planner", 8081)):
+        policy = one(docs, "NetworkPolicy", f"fleetpilot-{component}")
+        deployment = one(docs, "Deployment", f"fleetpilot-{component}")
+        assert policy["metadata"]["namespace"] == NAMESPACE
+        assert policy["spec"] == {
+            "podSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prom"}}}],
+                         "ports": [{"protocol": "TCP", "port": port}]}],
+        }
+        (main,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert [p["containerPort"] for p in main["ports"]] == [port]
+    assert "--monitoring-namespace=prom" in container(docs, "operator")["args"]
+    # Without a monitoring namespace nothing may connect; without the planner, only the operator's.
+    closed = render_chart("--set", "networkPolicy.monitoringNamespace=", "--set", "planner.enabled=false")
+    assert [d["metadata"]["name"] for d in closed if d["kind"] == "NetworkPolicy"] == ["fleetpilot-operator"]
+    assert one(closed, "NetworkPolicy", "fleetpilot-operator")["spec"]["ingress"] == []
+    assert "--monitoring-namespace=" in container(closed, "operator")["args"]
+    off = render_chart("--set", "networkPolicy.enabled=false")
+    assert not [d for d in off if d["kind"] == "NetworkPolicy"]
 
 
 def test_planner_rbac_never_writes_a_graph_spec() -> None:

@@ -375,10 +375,11 @@ def test_a_deleted_predecessors_child_is_removed_not_reported_as_a_conflict() ->
     fake.calls.clear()
     with pytest.raises(reconciler.Superseded):
         asyncio.run(graphs.reconcile("ns", "g"))
-    # The first stale child in apply order (the Service: dependencies before the workload) is deleted.
-    assert ("delete", "Service", "g-decode") in fake.calls
+    # The first stale child in apply order (the NetworkPolicy: dependencies before the workload) is deleted.
+    assert ("delete", "NetworkPolicy", "g-decode") in fake.calls
     watch_delivers(graphs, fake)
-    for kind, name in (("PodDisruptionBudget", deployment("decode")), ("Deployment", deployment("decode"))):
+    for kind, name in (("Service", "g-decode"), ("PodDisruptionBudget", deployment("decode")),
+                       ("Deployment", deployment("decode"))):
         fake.objects.pop((kind, "ns", name))  # what the garbage collector does meanwhile
     asyncio.run(graphs.reconcile("ns", "g"))  # the next pass creates them under the new owner
     owner = fake.objects[(api.COMPONENT_KIND, "ns", "g-decode")]["metadata"]["uid"]

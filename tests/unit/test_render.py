@@ -570,7 +570,7 @@ def test_a_frontend_with_auth_watches_its_key_secret_by_name_in_its_namespace() 
 def test_user_service_account_replaces_frontend_rbac() -> None:
     """With podTemplate.serviceAccountName the operator creates no account or role and uses the user's."""
     objects = render_workload(parse(SGLANG_AGG), "frontend")
-    assert {o["kind"] for o in objects} == {"Deployment", "Service", "PodDisruptionBudget"}
+    assert {o["kind"] for o in objects} == {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "inference-runner"
 
 
@@ -578,7 +578,7 @@ def test_workers_get_no_rbac_and_no_service_account_by_default() -> None:
     graph = parse(VLLM_DISAGG)
     for component in ("prefill", "decode"):
         objects = render_workload(graph, component)
-        assert {o["kind"] for o in objects} == {"Deployment", "Service", "PodDisruptionBudget"}
+        assert {o["kind"] for o in objects} == {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
         assert "serviceAccountName" not in one(objects, "Deployment")["spec"]["template"]["spec"]
 
 
