@@ -3,8 +3,9 @@
 The flow is cli (flags → performance model, limits, identity; runs uvicorn) → server (OpenAI
 completions and chat, `kv_transfer_params`, /health, /metrics) → engine (`Engine`: the real-time
 loop and per-request token streams) → scheduler (`Scheduler`: the pure continuous-batching core over
-a paged KV cache), and metrics (vLLM's metric names, one registry per worker). Timing comes from
-`fleetpilot.perfmodel` through the `scheduler.TimingModel` protocol.
+a paged KV cache) → kvcache (`BlockPool`: the blocks, with vLLM's automatic prefix caching), and
+metrics (vLLM's metric names, one registry per worker). Timing comes from `fleetpilot.perfmodel`
+through the `scheduler.TimingModel` protocol.
 
 Library use::
 

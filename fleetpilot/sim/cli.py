@@ -50,6 +50,8 @@ def add_parser(sub: Any) -> None:
     worker.add_argument("--kv-transfer-bandwidth", type=float, default=50e9, help="P→D bytes/s per rank")
     worker.add_argument("--kv-hold-timeout", type=float, default=30.0,
                         help="seconds a prefill worker keeps KV that no decode worker pulled")
+    worker.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="automatic prefix caching, as vLLM's (on by default; --no-enable-prefix-caching)")
     worker.add_argument("--tokens-per-word", type=float, default=1.0,
                         help="prompt tokens per whitespace-separated word")
     worker.add_argument("--engine-id", default=None, help="default: a random UUID")
@@ -152,6 +154,7 @@ def cli(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             kv_bandwidth_bytes_per_s=args.kv_transfer_bandwidth,
             kv_hold_timeout_s=args.kv_hold_timeout,
+            enable_prefix_caching=args.enable_prefix_caching,
         ))
         sim = engine.Engine(scheduler, speedup=args.speedup)
         if scheduler.kv.total < 1:
@@ -174,9 +177,11 @@ def cli(args: argparse.Namespace) -> int:
         tokens_per_word=args.tokens_per_word,
     )
     logger.info(
-        "simulated %s worker for %s (%s on %s, TP %d, PP %d): KV %d tokens, speedup %g, advertised as %s:%d",
+        "simulated %s worker for %s (%s on %s, TP %d, PP %d): KV %d tokens, prefix caching %s, speedup %g,"
+        " advertised as %s:%d",
         args.role, args.model, args.model_preset, args.gpu, args.tensor_parallel_size,
-        args.pipeline_parallel_size, scheduler.kv.total * args.block_size, args.speedup,
+        args.pipeline_parallel_size, scheduler.kv.total * args.block_size,
+        "on" if args.enable_prefix_caching else "off", args.speedup,
         config.advertise_host, config.advertise_port,
     )
     leader = None

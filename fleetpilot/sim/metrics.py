@@ -58,6 +58,11 @@ class _EngineCollector(Collector):
         yield counter("vllm:num_preemptions", "Requests preempted for lack of KV cache.", snap.preemptions)
         yield counter("vllm:prompt_tokens", "Prompt tokens of requests that got a token.", snap.prompt_tokens)
         yield counter("vllm:generation_tokens", "Generated tokens.", snap.generation_tokens)
+        # vLLM's prefix-cache counters, in tokens: prompt tokens looked up at admission and those found.
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                      snap.prefix_cache_queries)
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                      snap.prefix_cache_hits)
         success = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
                                       labels=["model_name", "finished_reason"])
         for reason in sorted({scheduler.FINISH_LENGTH, *snap.finished}):
@@ -66,8 +71,8 @@ class _EngineCollector(Collector):
         # vLLM's info metric of its cache configuration (value 1, the facts in labels): what
         # `fleetpilot profile` reads the KV capacity from.
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache configuration.",
-                                 labels=["block_size", "num_gpu_blocks"])
-        info.add_metric([str(self._block_size), str(snap.kv_blocks_total)], 1.0)
+                                 labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"])
+        info.add_metric([str(self._block_size), str(snap.kv_blocks_total), str(snap.prefix_caching)], 1.0)
         yield info
 
 

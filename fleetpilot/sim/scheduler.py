@@ -13,11 +13,25 @@ The scheduling policy follows vLLM's V1 scheduler with chunked prefill:
   is not complete yet, then of waiting requests in arrival order;
 - a waiting request is admitted only when it fits `max_num_seqs` and the KV blocks for everything it
   must prefill (its prompt, plus the tokens already generated when it resumes after a preemption) are
-  free; the head of the queue blocks the requests behind it (FCFS, as in vLLM); no request is
-  admitted in a step that preempted one;
+  free, less the cached prefix blocks it reuses (those no one references are free blocks too, and
+  taking them counts against what is free); the head of the queue blocks the requests behind it
+  (FCFS, as in vLLM); no request is admitted in a step that preempted one;
 - a decode that needs a new block when none is free preempts the most recently admitted running
   request (recompute: its KV is freed, it goes back to the front of the queue and later prefills its
   prompt and the tokens it has produced, then goes on generating).
+
+Automatic prefix caching (vLLM's, on by default; `SchedulerConfig.enable_prefix_caching`): a request
+that comes with its prompt's token ids (`RequestSpec.token_ids`) has the chained hashes of its full
+prompt blocks (`kvcache.block_hashes`). At admission the longest run of its leading blocks that is
+cached is reused: those blocks are referenced instead of allocated, count as computed, and the prefill
+computes only the rest, at least the prompt's last token (a prompt cached in full recomputes its last
+block) — so the step is priced by the performance model for the uncached tokens after a context of the
+cached ones. Its full prompt blocks are cached as each chunk is scheduled, and stay cached after the
+request ends, until the block pool needs them (`kvcache.BlockPool`: least recently freed first; a
+block a running request references is never evicted). Only prompt blocks are cached, not generated
+ones. The lookups are counted as vLLM counts them, in tokens and at admission: every admitted request
+queries its prompt (plus, after a preemption, its generated tokens) and hits its reused tokens; the
+re-admission of a preempted request is counted apart and not exported, so it cannot inflate the rate.
 
 Request overhead: the performance model prices, besides the steps, a fixed time per request outside
 them (`Calibration.ttft_overhead_s`: HTTP, tokenizing, returning the first token), and its TTFT is that
@@ -36,6 +50,12 @@ Disaggregation modes (vLLM's NixlConnector semantics, chosen by the server from 
 `PREFILL_ONLY` prefills, emits one token and keeps its KV blocks until the decode side has pulled
 them (`release_after`) or a hold timeout passes; `REMOTE_PREFILL` allocates KV for the prompt, waits
 the transfer time, then decodes — its first token costs one decode step, not a prefill.
+The prefill side is where prefix caching pays: a prefill-only request hits and fills the prefill
+worker's cache like any other, and its blocks stay cached once pulled. The decode side receives the
+KV of the whole prompt (the transfer is sized by the full prompt) and takes no part in prefix
+caching: it neither looks its cache up nor registers the received blocks. (vLLM's decode side looks
+its own cache up too and pulls only the blocks it lacks, which shortens the transfer, not the
+prefill; the simulator does not model that.)
 """
 
 from __future__ import annotations
@@ -47,6 +67,8 @@ import enum
 import math
 from collections.abc import Callable, Mapping
 from typing import Protocol
+
+from fleetpilot.sim import kvcache
 
 FINISH_LENGTH = "length"
 FINISH_ABORT = "abort"
@@ -97,6 +119,7 @@ class SchedulerConfig:
     # Per request, before the queue (see the module docstring); None: the timing model's
     # `calibration.ttft_overhead_s` when it has one, else 0.
     request_overhead_s: float | None = None
+    enable_prefix_caching: bool = True  # vLLM's --enable-prefix-caching, on by default as there
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size, self.max_model_len) < 1:
@@ -115,6 +138,9 @@ class RequestSpec:
     max_tokens: int
     mode: Mode = Mode.FULL
     request_id: str | None = None  # None: the scheduler numbers it
+    # The prompt's token ids, `prompt_tokens` of them: what prefix caching hashes. None: the prompt's
+    # content is unknown, and the request takes no part in prefix caching.
+    token_ids: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +173,7 @@ class RequestRecord:
     finish_reason: str
     preemptions: int
     inter_token_latencies: tuple[float, ...]
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at the first admission
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +215,13 @@ class Snapshot:
     finished: Mapping[str, int]  # finish reason → requests
     submitted: int
     arriving: int = 0  # added but still spending the request overhead: not yet in the engine's queue
+    # Prefix caching, in tokens, as vLLM's vllm:prefix_cache_queries / _hits count them (see the module
+    # docstring); re-admissions after a preemption apart, as vLLM keeps them (not exported).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    preempted_prefix_cache_queries: int = 0
+    preempted_prefix_cache_hits: int = 0
+    prefix_caching: bool = False
 
     @property
     def kv_usage(self) -> float:
@@ -212,30 +246,15 @@ class _Seq:
     itl: list[float] = dataclasses.field(default_factory=list)
     preemptions: int = 0
     deadline: float = math.inf  # TRANSFERRING: KV complete; HELD: blocks freed
+    # Prefix caching: whether this request looks the cache up, the hashes of its full prompt blocks,
+    # how many of its leading blocks are registered in the cache, and its first admission's hit.
+    lookup: bool = False
+    block_hashes: tuple[kvcache.BlockHash, ...] = ()
+    hashed: int = 0
+    cached_tokens: int = 0
 
     def remaining(self) -> int:
         return self.target - self.computed
-
-
-class BlockPool:
-    """The paged KV cache: numbered blocks, handed out and taken back."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.total = num_blocks
-        self._free: collections.deque[int] = collections.deque(range(num_blocks))
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, n: int) -> list[int] | None:
-        if n > len(self._free):
-            return None
-        return [self._free.popleft() for _ in range(n)]
-
-    def release(self, blocks: list[int]) -> None:
-        self._free.extend(blocks)
-        blocks.clear()
 
 
 class Scheduler:
@@ -247,7 +266,7 @@ class Scheduler:
         capacity = config.kv_capacity_tokens
         if capacity is None:
             capacity = timing.kv_capacity_tokens()
-        self.kv = BlockPool(capacity // config.block_size)
+        self.kv = kvcache.BlockPool(capacity // config.block_size, caching=config.enable_prefix_caching)
         # vLLM V1 runs a mixed prefill + decode batch as one forward pass; a model that can price that
         # (fleetpilot.perfmodel.PerformanceModel.mixed_step_time) is used for it, else the parts add up.
         self._mixed: Callable[..., float] | None = getattr(timing, "mixed_step_time", None)
@@ -267,6 +286,7 @@ class Scheduler:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished: collections.Counter[str] = collections.Counter()
+        self._queries = self._hits = self._preempted_queries = self._preempted_hits = 0
 
     # -- requests in and out --
 
@@ -295,8 +315,14 @@ class Scheduler:
             self._next_id += 1
         if request_id in self._requests or request_id in self._held:
             raise RequestRejected(f"request id {request_id!r} is already in use")
+        if spec.token_ids is not None and len(spec.token_ids) != spec.prompt_tokens:
+            raise ValueError(f"{len(spec.token_ids)} token ids for a prompt of {spec.prompt_tokens} tokens")
         overhead = 0.0 if spec.mode is Mode.REMOTE_PREFILL else self.request_overhead_s
         seq = _Seq(request_id, spec.prompt_tokens, max_tokens, spec.mode, arrival=now + overhead)
+        # A decode worker receives the whole prompt's KV: its cache takes no part (module docstring).
+        if self.config.enable_prefix_caching and spec.token_ids is not None and spec.mode is not Mode.REMOTE_PREFILL:
+            seq.lookup = True
+            seq.block_hashes = kvcache.block_hashes(spec.token_ids, self.config.block_size)
         self._requests[request_id] = seq
         if overhead > 0:
             seq.phase, seq.deadline = Phase.ARRIVING, seq.arrival
@@ -401,6 +427,7 @@ class Scheduler:
             prefill_tokens += n
             pairs2 += n * (2 * seq.computed + n + 1)
             budget -= n
+            self._cache_full_blocks(seq, seq.computed + n)
 
         for seq in self._running:
             if budget <= 0:
@@ -415,11 +442,20 @@ class Scheduler:
                 break
             remote = seq.mode is Mode.REMOTE_PREFILL and seq.output == 0 and seq.preemptions == 0
             need = seq.prompt_tokens if remote else seq.prompt_tokens + seq.output
-            blocks = self.kv.allocate(self._blocks_for(need))
-            if blocks is None:
+            # The longest cached prefix, in whole blocks, short of the last token (it is always computed).
+            hit = self.kv.longest_hit(seq.block_hashes[:(need - 1) // cfg.block_size]) if seq.lookup else []
+            new = self._blocks_for(need) - len(hit)
+            if new + self.kv.evictable(hit) > self.kv.free:
                 break  # FCFS: the head waits for KV, and so does everyone behind it
+            self.kv.touch(hit)
+            blocks = self.kv.allocate(new)
+            assert blocks is not None
             self._waiting.popleft()
-            seq.blocks = blocks
+            seq.blocks = hit + blocks
+            seq.hashed = len(hit)
+            cached = len(hit) * cfg.block_size
+            if seq.lookup:
+                self._count_lookup(seq, need, cached)
             if seq.scheduled is None:
                 seq.scheduled = now
             admitted.append(seq.request_id)
@@ -429,7 +465,7 @@ class Scheduler:
                 seq.deadline = now + transfer
                 self._transferring.append(seq)
                 continue
-            seq.phase, seq.computed, seq.target = Phase.PREFILL, 0, need
+            seq.phase, seq.computed, seq.target = Phase.PREFILL, cached, need
             self._running.append(seq)
             chunk(seq)
 
@@ -449,10 +485,28 @@ class Scheduler:
             decode_context=decode_context,
         )
 
+    def _cache_full_blocks(self, seq: _Seq, tokens: int) -> None:
+        """Register the prompt blocks that the first `tokens` tokens fill. As in vLLM, at scheduling:
+        a request admitted later in the same step may already hit them (their KV is written in the
+        same forward pass, layer by layer, before attention reads it)."""
+        full = min(len(seq.block_hashes), tokens // self.config.block_size)
+        for index in range(seq.hashed, full):
+            self.kv.cache(seq.blocks[index], seq.block_hashes[index])
+        seq.hashed = max(seq.hashed, full)
+
+    def _count_lookup(self, seq: _Seq, queried: int, hit: int) -> None:
+        if seq.preemptions:
+            self._preempted_queries += queried
+            self._preempted_hits += hit
+            return
+        self._queries += queried
+        self._hits += hit
+        seq.cached_tokens = hit
+
     def _preempt(self, seq: _Seq) -> None:
         self._running.remove(seq)
         self.kv.release(seq.blocks)
-        seq.phase, seq.computed, seq.target = Phase.WAITING, 0, 0
+        seq.phase, seq.computed, seq.target, seq.hashed = Phase.WAITING, 0, 0, 0
         seq.preemptions += 1
         self._preemptions += 1
         self._waiting.appendleft(seq)
@@ -515,6 +569,7 @@ class Scheduler:
             output_tokens=seq.output, arrival=seq.arrival, scheduled=seq.scheduled,
             first_token=seq.first_token, finished=now,
             finish_reason=reason, preemptions=seq.preemptions, inter_token_latencies=tuple(seq.itl),
+            cached_tokens=seq.cached_tokens,
         )
 
     def step(self, now: float) -> tuple[StepPlan, StepResult]:
@@ -548,4 +603,9 @@ class Scheduler:
             finished=dict(self._finished),
             submitted=self._submitted,
             arriving=len(self._arriving),
+            prefix_cache_queries=self._queries,
+            prefix_cache_hits=self._hits,
+            preempted_prefix_cache_queries=self._preempted_queries,
+            preempted_prefix_cache_hits=self._preempted_hits,
+            prefix_caching=self.config.enable_prefix_caching,
         )

@@ -8,10 +8,12 @@ Routes: `POST /v1/completions`, `POST /v1/chat/completions` (streaming and not),
 /health` (200 while the engine loop runs), `GET /metrics`, and `POST /sim/kv_pull`, the simulator's
 stand-in for NIXL's "I have read your blocks" notice from a decode worker.
 
-Token counting, since the simulator has no tokenizer: a text prompt counts its whitespace-separated
-words × `tokens_per_word` (default 1.0, rounded up, at least 1); a completions `prompt` given as a
-list of token ids counts its ids; chat counts the words of all message contents (text parts only,
-no chat-template overhead). Only one prompt and `n = 1` per request are supported.
+Tokens, since the simulator has no real tokenizer: a text prompt is its whitespace-separated words ×
+`tokens_per_word` tokens (default 1.0, rounded up, at least 1), each token's id a stable hash of its
+word (`text_token_ids`), so prompts that share leading words share leading token ids and hit the
+prefix cache (see `scheduler`); a completions `prompt` given as a list of token ids is those ids;
+chat is the words of all message contents (text parts only, no chat template). `/tokenize` answers
+the same ids. Only one prompt and `n = 1` per request are supported.
 
 Output text: every token is " " + one of `FILLER_WORDS`, so the output's word count equals its token
 count. The words come from a fixed toy model (`LOGITS`: one distribution per output position) sampled
@@ -57,6 +59,7 @@ import signal
 import socket
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import FrameType
 from typing import Any, Literal
@@ -313,40 +316,63 @@ class ServerConfig:
 # -- request parsing (pure) ------------------------------------------------------------------------
 
 
+#: Token ids lie below this bound, as large as Llama 3's vocabulary.
+TOKEN_ID_SPACE = 128_256
+
+
+@functools.lru_cache(maxsize=65_536)
+def _text_id(text: str, part: int = 0) -> int:
+    """The token id of a word (or of `part` of one, or of words that make one token): a stable hash, the
+    same in every process, so equal words give equal ids and equal prompt prefixes equal id prefixes."""
+    return zlib.crc32(text.encode(), part) % TOKEN_ID_SPACE
+
+
 def count_text_tokens(text: str, tokens_per_word: float) -> int:
     words = len(text.split())
     return max(1, math.ceil(words * tokens_per_word)) if words else 0
 
 
-def simulated_token_ids(count: int) -> list[int]:
-    """Token ids for a prompt of `count` tokens: the simulator has no vocabulary, only the count is real."""
-    return list(range(count))
+def text_token_ids(text: str, tokens_per_word: float) -> list[int]:
+    """The simulator's tokenizer: `count_text_tokens` ids, token i standing for the words from
+    i / tokens_per_word up to (i + 1) / tokens_per_word (at least one; a word of several tokens gives
+    each its part number). Token i depends only on the words up to it, so prompts that share their
+    leading words share their leading token ids, and a prefix cache sees the sharing."""
+    words = text.split()
+    if tokens_per_word == 1.0:
+        return [_text_id(word) for word in words]
+    ids = []
+    for i in range(count_text_tokens(text, tokens_per_word)):
+        low = min(int(i / tokens_per_word), len(words) - 1)
+        high = max(low + 1, min(len(words), int((i + 1) / tokens_per_word)))
+        part = i - math.ceil(low * tokens_per_word)  # which of its word's tokens this one is
+        ids.append(_text_id(words[low] if high == low + 1 else " ".join(words[low:high]), part))
+    return ids
 
 
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def completion_prompt_tokens(prompt: Any, tokens_per_word: float) -> int:
-    """Prompt length of a completions request: a string, token ids, or a one-element list of either."""
+def completion_prompt_ids(prompt: Any, tokens_per_word: float) -> list[int]:
+    """Token ids of a completions prompt: a string, token ids, or a one-element list of either."""
     single = isinstance(prompt, list) and len(prompt) == 1
     if single and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        tokens = count_text_tokens(prompt, tokens_per_word)
+        ids = text_token_ids(prompt, tokens_per_word)
     elif _is_token_ids(prompt):
-        tokens = len(prompt)
+        ids = list(prompt)
     elif isinstance(prompt, list):
         raise BadRequest("the simulator serves one prompt per request")
     else:
         raise BadRequest("prompt must be a string or a list of token ids")
-    if tokens < 1:
+    if not ids:
         raise BadRequest("prompt cannot be empty")
-    return tokens
+    return ids
 
 
-def chat_prompt_tokens(messages: Any, tokens_per_word: float) -> int:
-    """Prompt length of a chat request: the words of every message's text content."""
+def chat_prompt_ids(messages: Any, tokens_per_word: float) -> list[int]:
+    """Token ids of a chat: the words of every message's text content (no chat template), at least one."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
     texts: list[str] = []
@@ -358,14 +384,14 @@ def chat_prompt_tokens(messages: Any, tokens_per_word: float) -> int:
             texts.append(content)
         elif isinstance(content, list):
             texts += [str(part.get("text", "")) for part in content if isinstance(part, dict)]
-    return max(1, count_text_tokens(" ".join(texts), tokens_per_word))
+    return text_token_ids(" ".join(texts), tokens_per_word) or [_text_id("")]
 
 
-def prompt_tokens(body: dict[str, Any], *, chat: bool, tokens_per_word: float) -> int:
-    """Prompt length of a chat (`messages`) or completions (`prompt`) request."""
+def prompt_token_ids(body: dict[str, Any], *, chat: bool, tokens_per_word: float) -> list[int]:
+    """The prompt of a chat (`messages`) or completions (`prompt`) request, as token ids."""
     if chat:
-        return chat_prompt_tokens(body.get("messages"), tokens_per_word)
-    return completion_prompt_tokens(body.get("prompt"), tokens_per_word)
+        return chat_prompt_ids(body.get("messages"), tokens_per_word)
+    return completion_prompt_ids(body.get("prompt"), tokens_per_word)
 
 
 def requested_max_tokens(body: dict[str, Any], *, chat: bool, config: ServerConfig) -> int:
@@ -583,11 +609,11 @@ class _Service:
         frontend asks it before a prefill whether prompt + max_tokens fits."""
         try:
             body = await _json_object(request)
-            count = prompt_tokens(body, chat="messages" in body, tokens_per_word=self.config.tokens_per_word)
+            ids = prompt_token_ids(body, chat="messages" in body, tokens_per_word=self.config.tokens_per_word)
         except BadRequest as error:
             return _error(str(error))
-        return JSONResponse({"count": count, "max_model_len": self.engine.scheduler.config.max_model_len,
-                             "tokens": simulated_token_ids(count), "token_strs": None})
+        return JSONResponse({"count": len(ids), "max_model_len": self.engine.scheduler.config.max_model_len,
+                             "tokens": ids, "token_strs": None})
 
     async def kv_pull(self, request: Request) -> Response:
         """A decode worker has started pulling a held request's KV: free it after the transfer time."""
@@ -621,7 +647,7 @@ class _Service:
         try:
             if body.get("n") not in (None, 1):
                 raise BadRequest("the simulator supports only n = 1")
-            prompt = prompt_tokens(body, chat=chat, tokens_per_word=self.config.tokens_per_word)
+            prompt = prompt_token_ids(body, chat=chat, tokens_per_word=self.config.tokens_per_word)
             max_tokens = requested_max_tokens(body, chat=chat, config=self.config)
             sampling = Sampling.from_body(body, chat=chat)
         except BadRequest as error:
@@ -631,7 +657,7 @@ class _Service:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if mode is scheduler.Mode.PREFILL_ONLY:
             max_tokens = 1  # the decode worker generates; vLLM's proxies ask prefill for one token
-        spec = scheduler.RequestSpec(prompt, max_tokens, mode, request_id)
+        spec = scheduler.RequestSpec(len(prompt), max_tokens, mode, request_id, tuple(prompt))
         try:
             stream = self.engine.submit(spec)
         except scheduler.RequestRejected as error:

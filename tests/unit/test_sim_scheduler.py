@@ -14,6 +14,7 @@ import random
 import pytest
 from sim_timing import DECODE_STEP_S, PREFILL_S_PER_TOKEN, TRANSFER_S_PER_TOKEN, FakeTiming
 
+from fleetpilot.sim import kvcache
 from fleetpilot.sim import scheduler as scheduler_mod
 
 
@@ -234,7 +235,7 @@ def test_requests_that_could_never_fit_are_rejected_up_front() -> None:
 
 
 def test_the_block_pool_hands_out_distinct_blocks_and_takes_them_back() -> None:
-    pool = scheduler_mod.BlockPool(4)
+    pool = kvcache.BlockPool(4)
     first = pool.allocate(3)
     assert first is not None and len(set(first)) == 3 and pool.free == 1
     assert pool.allocate(2) is None and pool.free == 1  # all or nothing
