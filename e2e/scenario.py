@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from fleetpilot import perfmodel, plots, traces
 from fleetpilot.api import profile as profiles
@@ -403,17 +404,13 @@ def plot(rows: list[dict[str, Any]], path: Path, *, scenario: ClosedLoop, title:
 def static_fleet(requests: Sequence[traces.Request], s: ClosedLoop, *, scored_from_s: float) -> dict[str, int]:
     """The fixed fleet the backtest's `static-peak` would run for the scored part: sized, as the planner
     sizes, for its busiest planning interval, within the graph's replica bounds."""
-    from fleetpilot.planner.backtest import policies
+    from fleetpilot.planner.backtest import evaluate, policies
 
     scored = [r for r in requests if r.arrival_s >= scored_from_s]
-    loads = []
-    for k in range(int((max(r.arrival_s for r in scored) - scored_from_s) // s.interval_s) + 1):
-        begin = scored_from_s + k * s.interval_s
-        inside = [r for r in scored if begin <= r.arrival_s < begin + s.interval_s]
-        if inside:
-            loads.append(policies.IntervalLoad(rate_rps=len(inside) / s.interval_s,
-                                               isl=sum(r.input_tokens for r in inside) / len(inside),
-                                               osl=sum(r.output_tokens for r in inside) / len(inside)))
+    since = np.array([r.arrival_s - scored_from_s for r in scored])
+    _, loads = evaluate.interval_loads(since, np.array([r.input_tokens for r in scored], dtype=float),
+                                       np.array([r.output_tokens for r in scored], dtype=float),
+                                       interval_s=s.interval_s, count=int(since.max() // s.interval_s) + 1)
     setting = policies.Setting(
         capacity=capacities.CapacityModel(s.profile()),
         sla=api.SlaTarget(ttft_ms=s.ttft_ms, itl_ms=s.itl_ms, percentile=s.percentile),
@@ -428,14 +425,13 @@ def servable(requests: Sequence[traces.Request], s: ClosedLoop) -> list[bool]:
 
     The backtest leaves the others out of every policy's score, and so does the demo: a prompt that
     takes longer than the TTFT target to prefill on an idle replica misses it at any fleet size."""
-    from fleetpilot.planner.backtest import fleetsim
+    from fleetpilot.planner.backtest import driver, fleetsim
 
     timing = perfmodel.PerformanceModel(perfmodel.MODELS[s.preset], perfmodel.GPUS[s.gpu])
-    probe = fleetsim.FleetSimulator(fleetsim.FleetConfig(timing=timing, startup_s=0.0), [],
-                                    {"prefill": 0, "decode": 0})
-    speed = s.speedup / s.engine_slowdown  # the engine's speed as a share of the modelled GPU's
-    return [probe.lone_ttft(r.input_tokens) / speed <= s.ttft_ms / 1e3
-            and probe.lone_itl(r.input_tokens, r.output_tokens) / speed <= s.itl_ms / 1e3 for r in requests]
+    # The modelled GPU's seconds: the engine runs at `speed` of it, so its targets are `speed` times as long there.
+    speed = s.speedup / s.engine_slowdown
+    modelled = api.SlaTarget(ttft_ms=s.ttft_ms * speed, itl_ms=s.itl_ms * speed, percentile=s.percentile)
+    return driver.servable(requests, fleetsim.FleetConfig(timing=timing, startup_s=0.0), modelled)
 
 
 def attainment(records: Sequence[dict[str, Any]], s: ClosedLoop) -> float:

@@ -418,6 +418,15 @@ def _search_segment(span: tuple[int, int]) -> dict[float, list[dict[FleetPool, i
     return _SEARCH["search"].segment(*span)
 
 
+def servable(requests: Sequence[Request], config: fleetsim.FleetConfig, sla: api.SlaTarget) -> list[bool]:
+    """Whether each request can meet the SLA at all: its TTFT and mean ITL alone on idle replicas within the
+    targets. The others are served but judged by no policy: no fleet size gets them in time."""
+    probe = fleetsim.FleetSimulator(config, [], {"prefill": 0, "decode": 0})
+    ttft_target, itl_target = sla.ttft_ms / 1e3, sla.itl_ms / 1e3
+    return [probe.lone_ttft(r.input_tokens) <= ttft_target
+            and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target for r in requests]
+
+
 @dataclasses.dataclass(frozen=True)
 class _NeedsSearch:
     """What `request_needs_at` searches: the trace cut into intervals, and which requests are judged."""
@@ -438,13 +447,10 @@ class _NeedsSearch:
         instant = dataclasses.replace(config, startup_s=0.0)
         arrivals = np.array([r.arrival_s for r in requests])
         count = max(1, math.ceil((arrivals.max() if len(arrivals) else 0.0) / interval) + 1)
-        ttft_target, itl_target = setting.sla.ttft_ms / 1e3, setting.sla.itl_ms / 1e3
-        probe = fleetsim.FleetSimulator(instant, [], {"prefill": 0, "decode": 0})
-        servable = [probe.lone_ttft(r.input_tokens) <= ttft_target
-                    and probe.lone_itl(r.input_tokens, r.output_tokens) <= itl_target for r in requests]
         return cls(requests=requests, instant=instant, sla=setting.sla, interval_s=interval,
                    bounds=setting.bounds, attainments=tuple(attainments),
-                   edges=np.searchsorted(arrivals, np.arange(count + 1) * interval), servable=servable)
+                   edges=np.searchsorted(arrivals, np.arange(count + 1) * interval),
+                   servable=servable(requests, instant, setting.sla))
 
     @property
     def count(self) -> int:

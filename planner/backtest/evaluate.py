@@ -165,8 +165,9 @@ def load_profile(spec: str) -> profiles.Profile:
     return profiles.from_dynamo_csv(prefill, decode, model=path.name, engine="vllm", gpu="h200-sxm")
 
 
-def _interval_loads(arrivals: np.ndarray, isl: np.ndarray, osl: np.ndarray, *, interval_s: float,
-                    count: int) -> tuple[np.ndarray, tuple[policies.IntervalLoad, ...]]:
+def interval_loads(arrivals: np.ndarray, isl: np.ndarray, osl: np.ndarray, *, interval_s: float,
+                   count: int) -> tuple[np.ndarray, tuple[policies.IntervalLoad, ...]]:
+    """Requests/s and mean lengths of each of `count` planning intervals (the last takes any later arrival)."""
     index = np.minimum((arrivals // interval_s).astype(int), count - 1)
     n = np.bincount(index, minlength=count)
     isl_sum = np.bincount(index, weights=isl, minlength=count)
@@ -215,7 +216,7 @@ def scenario_from_trace(name: str, path: Path, *, profile: profiles.Profile, sla
     arrivals = np.array([r.arrival_s for r in requests])
     isl = np.array([r.input_tokens for r in requests], dtype=float)
     osl = np.array([r.output_tokens for r in requests], dtype=float)
-    rates, loads = _interval_loads(arrivals, isl, osl, interval_s=interval_s, count=count)
+    rates, loads = interval_loads(arrivals, isl, osl, interval_s=interval_s, count=count)
     config = fleet_config(timing or default_timing(), startup_s)
     beliefs = capacity.CapacityModel(profile)
     known: dict[float, Sequence[Mapping[FleetPool, int]]] = {}
